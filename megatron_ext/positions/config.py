@@ -1,0 +1,230 @@
+"""`PositionConfig`: the flat, validated `positions.*` section of a training config."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from .scaling import ROPE_SCALING_KINDS
+
+STRATEGIES = ("none", "posaug", "random_base", "rfs", "rpe", "warp")
+ALPHA_DISTRIBUTIONS = ("uniform", "log_uniform", "discrete", "cycle", "fixed")
+CURRICULA = ("none", "linear", "step")
+LAYER_MODES = ("all", "bottom", "top", "independent")
+TAIL_FUNCTIONS = ("sqrt", "beta_2_5")
+
+# Positions are float32; integers above 2**24 are no longer exactly representable.
+MAX_POSITION_LIMIT = 2**24
+
+
+def _err(field: str, requirement: str, value: object) -> ValueError:
+    return ValueError(f"positions.{field} must be {requirement} (got {value!r})")
+
+
+def _choice(field: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"positions.{field} must be one of {', '.join(choices)} (got {value!r})")
+    return value  # type: ignore[return-value]
+
+
+def _float(field: str, value: object) -> float:
+    # Accept ints and numeric strings (command-line --set overrides arrive as text).
+    if isinstance(value, bool):
+        raise _err(field, "a number", value)
+    try:
+        result = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise _err(field, "a number", value) from None
+    if not math.isfinite(result):
+        raise _err(field, "finite", value)
+    return result
+
+
+def _int(field: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise _err(field, "an integer", value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise _err(field, "an integer", value) from None
+
+
+def _bool(field: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    raise _err(field, "a boolean", value)
+
+
+def _floats(field: str, value: object) -> tuple[float, ...]:
+    # YAML gives lists; "1,2,4" strings come from --set.
+    if isinstance(value, str):
+        value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or len(value) == 0:
+        raise _err(field, "a non-empty list of numbers", value)
+    return tuple(_float(field, v) for v in value)
+
+
+@dataclass
+class PositionConfig:
+    """Position strategy and its hyperparameters (YAML keys `positions.<field>`)."""
+
+    strategy: str = "none"  # none | posaug | random_base | rfs | rpe | warp
+
+    # posaug: alpha is drawn once per optimizer step and scales positions to alpha * i.
+    alpha_min: float = 0.125
+    alpha_max: float = 8.0
+    alpha_distribution: str = "uniform"  # uniform | log_uniform | discrete | cycle | fixed
+    alpha_values: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)  # discrete set / cycle order
+    alpha_fixed: float = 1.0
+    # Curricula (paper §4.8). linear: U[lo(t), hi(t)] with the range moving linearly from
+    # [curriculum_start_min, curriculum_start_max] at step 0 to [alpha_min, alpha_max] at the
+    # last step ("over training"; curriculum_fraction is NOT used). step: alpha = 1 for the
+    # first curriculum_fraction of total_steps, then the configured distribution.
+    curriculum: str = "none"  # none | linear | step
+    curriculum_start_min: float = 0.5
+    curriculum_start_max: float = 2.0
+    curriculum_fraction: float = 0.5
+    # Per-layer scaling (paper §4.10): bottom/top scale only the first/last layer_count layers.
+    layer_mode: str = "all"  # all | bottom | top | independent
+    layer_count: int = 0
+
+    # random_base: RoPE base B ~ U[base_min_factor * B0, base_max_factor * B0] per step.
+    base_min_factor: float = 0.125
+    base_max_factor: float = 8.0
+
+    # rfs (scale L of the [0, 1) range) / rpe (integers drawn from {0..L-1}).
+    max_position: int = 1000
+    per_sample: bool = False
+
+    # warp (position index warping): per sample, head with p_head, tail with p_tail.
+    p_head: float = 0.15
+    head_alphas: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8)
+    head_alpha_fixed: float | None = None
+    p_tail: float = 0.15
+    tail_function: str = "sqrt"  # sqrt | beta_2_5
+
+    # Inference-time transform applied by PositionSampler.evaluation on top of the strategy.
+    rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn
+    rope_scaling_factor: float | None = None  # None -> eval_len / train_len
+
+    def __post_init__(self) -> None:
+        self.strategy = _choice("strategy", self.strategy, STRATEGIES)
+
+        self.alpha_min = _float("alpha_min", self.alpha_min)
+        if self.alpha_min <= 0:
+            raise _err("alpha_min", "> 0", self.alpha_min)
+        self.alpha_max = _float("alpha_max", self.alpha_max)
+        if self.alpha_max < self.alpha_min:
+            raise ValueError(
+                f"positions.alpha_max must be >= positions.alpha_min={self.alpha_min} (got {self.alpha_max})"
+            )
+        self.alpha_distribution = _choice("alpha_distribution", self.alpha_distribution, ALPHA_DISTRIBUTIONS)
+        self.alpha_values = _floats("alpha_values", self.alpha_values)
+        if min(self.alpha_values) <= 0:
+            raise _err("alpha_values", "all > 0", self.alpha_values)
+        self.alpha_fixed = _float("alpha_fixed", self.alpha_fixed)
+        if self.alpha_fixed <= 0:
+            raise _err("alpha_fixed", "> 0", self.alpha_fixed)
+
+        self.curriculum = _choice("curriculum", self.curriculum, CURRICULA)
+        self.curriculum_start_min = _float("curriculum_start_min", self.curriculum_start_min)
+        if self.curriculum_start_min <= 0:
+            raise _err("curriculum_start_min", "> 0", self.curriculum_start_min)
+        self.curriculum_start_max = _float("curriculum_start_max", self.curriculum_start_max)
+        if self.curriculum_start_max < self.curriculum_start_min:
+            raise ValueError(
+                "positions.curriculum_start_max must be >= positions.curriculum_start_min="
+                f"{self.curriculum_start_min} (got {self.curriculum_start_max})"
+            )
+        self.curriculum_fraction = _float("curriculum_fraction", self.curriculum_fraction)
+        if not 0.0 <= self.curriculum_fraction <= 1.0:
+            raise _err("curriculum_fraction", "in [0, 1]", self.curriculum_fraction)
+        if self.curriculum == "linear" and self.alpha_distribution not in ("uniform", "log_uniform"):
+            raise ValueError(
+                "positions.curriculum=linear widens the [alpha_min, alpha_max] range, so "
+                "positions.alpha_distribution must be uniform or log_uniform "
+                f"(got {self.alpha_distribution!r})"
+            )
+
+        self.layer_mode = _choice("layer_mode", self.layer_mode, LAYER_MODES)
+        self.layer_count = _int("layer_count", self.layer_count)
+        if self.layer_count < 0:
+            raise _err("layer_count", ">= 0", self.layer_count)
+        if self.layer_mode in ("bottom", "top") and self.layer_count < 1:
+            raise ValueError(
+                f"positions.layer_count must be >= 1 with positions.layer_mode={self.layer_mode} "
+                f"(got {self.layer_count})"
+            )
+        if self.layer_mode != "all" and self.strategy != "posaug":
+            raise ValueError(
+                f"positions.layer_mode={self.layer_mode} only applies to strategy posaug "
+                f"(got strategy {self.strategy!r}); use layer_mode=all"
+            )
+        if self.layer_mode == "independent" and self.alpha_distribution in ("cycle", "fixed"):
+            raise ValueError(
+                "positions.layer_mode=independent draws one random alpha per layer, so "
+                "positions.alpha_distribution must be uniform, log_uniform or discrete "
+                f"(got {self.alpha_distribution!r})"
+            )
+
+        self.base_min_factor = _float("base_min_factor", self.base_min_factor)
+        if self.base_min_factor <= 0:
+            raise _err("base_min_factor", "> 0", self.base_min_factor)
+        self.base_max_factor = _float("base_max_factor", self.base_max_factor)
+        if self.base_max_factor < self.base_min_factor:
+            raise ValueError(
+                "positions.base_max_factor must be >= positions.base_min_factor="
+                f"{self.base_min_factor} (got {self.base_max_factor})"
+            )
+
+        self.max_position = _int("max_position", self.max_position)
+        if not 1 <= self.max_position <= MAX_POSITION_LIMIT:
+            raise _err("max_position", f"in [1, {MAX_POSITION_LIMIT}] (float32 positions)", self.max_position)
+        self.per_sample = _bool("per_sample", self.per_sample)
+
+        self.p_head = _float("p_head", self.p_head)
+        if not 0.0 <= self.p_head <= 1.0:
+            raise _err("p_head", "a probability in [0, 1]", self.p_head)
+        self.p_tail = _float("p_tail", self.p_tail)
+        if not 0.0 <= self.p_tail <= 1.0:
+            raise _err("p_tail", "a probability in [0, 1]", self.p_tail)
+        if self.p_head + self.p_tail > 1.0:
+            raise ValueError(
+                "positions.p_head + positions.p_tail must be <= 1 (head and tail warping are "
+                f"exclusive per sample) (got {self.p_head} + {self.p_tail})"
+            )
+        self.head_alphas = _floats("head_alphas", self.head_alphas)
+        if not all(0 < a <= 1 for a in self.head_alphas):
+            raise _err("head_alphas", "all in (0, 1] (head warping down-scales positions)", self.head_alphas)
+        if self.head_alpha_fixed is not None:
+            self.head_alpha_fixed = _float("head_alpha_fixed", self.head_alpha_fixed)
+            if not 0 < self.head_alpha_fixed <= 1:
+                raise _err("head_alpha_fixed", "None or in (0, 1]", self.head_alpha_fixed)
+        self.tail_function = _choice("tail_function", self.tail_function, TAIL_FUNCTIONS)
+
+        self.rope_scaling = _choice("rope_scaling", self.rope_scaling, ROPE_SCALING_KINDS)
+        if self.rope_scaling_factor is not None:
+            self.rope_scaling_factor = _float("rope_scaling_factor", self.rope_scaling_factor)
+            if self.rope_scaling_factor < 1:
+                raise _err("rope_scaling_factor", "None or >= 1", self.rope_scaling_factor)
+
+    def validate_for(self, seq_len: int) -> None:
+        """Check settings that depend on the sequence length (raises ValueError)."""
+        if seq_len < 1:
+            raise ValueError(f"sequence length must be >= 1 (got {seq_len})")
+        if self.strategy == "rpe" and self.max_position < seq_len:
+            raise ValueError(
+                f"positions.max_position must be >= the sequence length for strategy rpe "
+                f"(got {self.max_position} < seq_len {seq_len}): RPE draws {seq_len} distinct "
+                f"positions from {{0..max_position-1}}; set positions.max_position to at least "
+                f"{seq_len} (ideally the longest evaluation length)"
+            )
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """Names accepted as `positions.<name>` keys."""
+        return tuple(f.name for f in fields(cls))

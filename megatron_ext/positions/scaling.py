@@ -1,0 +1,125 @@
+"""RoPE inverse frequencies and inference-time frequency transforms (PI, NTK, dynamic NTK, YaRN).
+
+The formulas follow Hugging Face transformers' `ROPE_INIT_FUNCTIONS` ('linear',
+'dynamic', 'yarn') so that a model trained here and evaluated with an HF-style
+rope_scaling config sees the same frequencies (tests compare within 1e-6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+ROPE_SCALING_KINDS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+
+
+def rope_inv_freq(rotary_dim: int, base: float, device: torch.device | str | None = None) -> torch.Tensor:
+    """Standard RoPE inverse frequencies base ** (-arange(0, d, 2) / d), float32 [d // 2]."""
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even integer (got {rotary_dim})")
+    if not base > 0:
+        raise ValueError(f"rotary base must be > 0 (got {base})")
+    # Written exactly like Megatron's RotaryEmbedding (and HF) so that the
+    # unscaled result is bit-identical to the model's own buffer.
+    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
+    return 1.0 / (base**exponent)
+
+
+@dataclass
+class RopeScaling:
+    """Inference-time frequency transform: kind in {'none','pi','ntk','dynamic_ntk','yarn'}."""
+
+    kind: str = "none"
+    # None -> max(1, seq_len / original_max_position_embeddings); for dynamic_ntk
+    # None means 1.0 because HF's dynamic formula already grows with seq_len.
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None  # the training window w
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALING_KINDS:
+            raise ValueError(f"rope_scaling kind must be one of {ROPE_SCALING_KINDS} (got {self.kind!r})")
+        if self.factor is not None and not self.factor >= 1.0:
+            raise ValueError(f"rope_scaling factor must be >= 1 (got {self.factor})")
+        if self.original_max_position_embeddings is not None and self.original_max_position_embeddings < 1:
+            raise ValueError(
+                "rope_scaling original_max_position_embeddings must be >= 1 "
+                f"(got {self.original_max_position_embeddings})"
+            )
+        if not 0 < self.beta_slow < self.beta_fast:
+            raise ValueError(
+                f"rope_scaling needs 0 < beta_slow < beta_fast (got beta_slow={self.beta_slow}, "
+                f"beta_fast={self.beta_fast})"
+            )
+
+    def resolve_factor(self, seq_len: int) -> float:
+        """The scale s: the explicit factor, or max(1, seq_len / original window)."""
+        if self.factor is not None:
+            return float(self.factor)
+        if self.kind == "dynamic_ntk":
+            return 1.0
+        if self.original_max_position_embeddings is None:
+            raise ValueError(
+                f"rope_scaling {self.kind!r} without a factor needs original_max_position_embeddings "
+                "(the training sequence length) to derive factor = eval_len / train_len"
+            )
+        return max(1.0, seq_len / self.original_max_position_embeddings)
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN mscale 0.1 * ln(s) + 1 (multiplies cos and sin, so logits scale by its square)."""
+    return 1.0 if factor <= 1.0 else 0.1 * math.log(factor) + 1.0
+
+
+def _yarn_inv_freq(rotary_dim: int, base: float, factor: float, original_len: int,
+                   beta_fast: float, beta_slow: float, device) -> torch.Tensor:
+    """NTK-by-parts frequencies, written to match transformers' _compute_yarn_parameters (truncate=True)."""
+    def correction_dim(num_rotations: float) -> float:
+        # The dimension whose wavelength fits `num_rotations` times in the original window.
+        return rotary_dim * math.log(original_len / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), rotary_dim - 1)
+    if low == high:
+        high += 0.001  # same guard as HF against a zero-width ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
+    extrapolation = rope_inv_freq(rotary_dim, base, device)
+    interpolation = extrapolation / factor
+    keep = 1 - ramp  # 1 -> keep the original (high-frequency) dims, 0 -> interpolate
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
+def scaled_inv_freq(
+    rotary_dim: int,
+    base: float,
+    scaling: RopeScaling,
+    seq_len: int,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention_factor) of `scaling` applied to RoPE(rotary_dim, base) at length seq_len."""
+    kind = scaling.kind
+    if kind == "none":
+        return rope_inv_freq(rotary_dim, base, device), 1.0
+    s = scaling.resolve_factor(seq_len)
+    if kind == "pi":
+        # Dividing frequencies by s == dividing positions by s (Chen et al. 2023).
+        return rope_inv_freq(rotary_dim, base, device) / s, 1.0
+    if kind == "ntk":
+        return rope_inv_freq(rotary_dim, base * s ** (rotary_dim / (rotary_dim - 2)), device), 1.0
+    if kind == "dynamic_ntk":
+        original = scaling.original_max_position_embeddings
+        if original is None:
+            raise ValueError("rope_scaling 'dynamic_ntk' needs original_max_position_embeddings")
+        length = max(seq_len, original)  # HF: no change at or below the training window
+        new_base = base * ((s * length / original) - (s - 1)) ** (rotary_dim / (rotary_dim - 2))
+        return rope_inv_freq(rotary_dim, new_base, device), 1.0
+    if kind == "yarn":
+        original = scaling.original_max_position_embeddings
+        if original is None:
+            raise ValueError("rope_scaling 'yarn' needs original_max_position_embeddings")
+        inv_freq = _yarn_inv_freq(rotary_dim, base, s, original, scaling.beta_fast, scaling.beta_slow, device)
+        return inv_freq, yarn_attention_factor(s)
+    raise AssertionError(f"unhandled rope scaling kind {kind!r}")  # guarded by __post_init__

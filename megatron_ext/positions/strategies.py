@@ -1,0 +1,69 @@
+"""Position-building kernels: pure tensor functions, no Python loops over tokens or samples."""
+
+from __future__ import annotations
+
+import torch
+
+
+def scaled_positions(seq_len: int, alpha: float, device: torch.device) -> torch.Tensor:
+    """alpha * [0, 1, ..., seq_len - 1] in float32 (PosAug, PI, head warping)."""
+    positions = torch.arange(seq_len, dtype=torch.float32, device=device)
+    return positions if alpha == 1.0 else positions * alpha
+
+
+def rfs_train_positions(shape: tuple[int, ...], max_position: int, generator: torch.Generator,
+                        device: torch.device) -> torch.Tensor:
+    """Random float sampling: sorted U[0, 1) draws scaled by L, along the last dim of `shape`."""
+    # Non-decreasing always; strictly increasing unless two float32 draws coincide
+    # (probability ~ s^2 / 2^25 per sequence; the tied tokens then share a position).
+    draws = torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+    return draws.sort(dim=-1).values * max_position
+
+
+def rfs_eval_positions(seq_len: int, train_seq_len: int, max_position: int,
+                       device: torch.device) -> torch.Tensor:
+    """RFS evaluation positions L * (2i - 1) / (2 * max(n_train, n_eval)), i = 1..n."""
+    i = torch.arange(1, seq_len + 1, dtype=torch.float64, device=device)
+    # float64 then cast: exact midpoints of the partition for any length.
+    return (max_position * (2 * i - 1) / (2 * max(train_seq_len, seq_len))).to(torch.float32)
+
+
+def rpe_positions(shape: tuple[int, ...], max_position: int, generator: torch.Generator,
+                  device: torch.device) -> torch.Tensor:
+    """Sorted distinct integers from {0..L-1}, sampled without replacement along the last dim."""
+    *batch, seq_len = shape
+    # The indices of the seq_len largest of L i.i.d. uniform keys form a uniformly
+    # random seq_len-subset: a batched, on-device sample without replacement.
+    keys = torch.rand((*batch, max_position), generator=generator, device=device)
+    chosen = keys.topk(seq_len, dim=-1, sorted=False).indices
+    return chosen.sort(dim=-1).values.to(torch.float32)
+
+
+def skew(x: torch.Tensor, function: str) -> torch.Tensor:
+    """Tail-warping skew f: [0, 1] -> [0, 1] with f(0) = 0, f(1) = 1 ('sqrt' or 'beta_2_5')."""
+    if function == "sqrt":
+        return torch.sqrt(x)
+    if function == "beta_2_5":
+        # Closed-form CDF of Beta(2, 5): I_x(2, 5) = 1 - (1 - x)^5 (1 + 5x).
+        return 1.0 - (1.0 - x).pow(5) * (1.0 + 5.0 * x)
+    raise ValueError(f"unknown tail function {function!r} (choose sqrt or beta_2_5)")
+
+
+def warp_positions(batch_size: int, seq_len: int, *, p_head: float, p_tail: float,
+                   head_alphas: torch.Tensor | None, head_alpha_fixed: float | None,
+                   tail_function: str, generator: torch.Generator,
+                   device: torch.device) -> torch.Tensor:
+    """Position index warping, per sample: head alpha*j w.p. p_head, tail l*f(j/l) w.p. p_tail, else j."""
+    j = torch.arange(seq_len, dtype=torch.float32, device=device)
+    choice = torch.rand((batch_size, 1), generator=generator, device=device)
+    if head_alpha_fixed is not None:
+        head = j * head_alpha_fixed
+    else:
+        assert head_alphas is not None
+        index = torch.randint(head_alphas.numel(), (batch_size,), generator=generator, device=device)
+        head = head_alphas[index].unsqueeze(1) * j
+    # l is the sequence length (Eq. 8 of the warping paper: l * f(j / l), j = 0..l-1).
+    length = float(seq_len)
+    tail = length * skew(j / length, tail_function)
+    warped = torch.where(choice < p_head + p_tail, tail, j)
+    return torch.where(choice < p_head, head, warped)
