@@ -1,0 +1,149 @@
+"""The one place that patches Megatron-Core so it runs on a CPU-only torch build (gloo).
+
+Megatron-Core assumes CUDA throughout. On a machine without CUDA, `apply()` installs six
+small patches; each names the Megatron call site it serves. With CUDA available, `apply()`
+does nothing, so cluster runs use Megatron exactly as shipped. No other module of this
+project patches Megatron.
+
+Call `apply()` before building models or process groups (and `install_import_shims()`
+before the first `import megatron.core`, which `apply()` does for you).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import types
+
+import torch
+
+APPLIED: list[str] = []
+_DEVICE_MODE: torch.overrides.TorchFunctionMode | None = None
+
+# megatron-core >= 0.19 imports triton at import time (transformer/moe/ops/paged_stash.py,
+# reached from megatron.core.__init__ via pipeline_parallel.schedules). Stubbing `triton`
+# itself breaks torch._dynamo, so only that one Megatron module is pre-registered.
+_PAGED_STASH = "megatron.core.transformer.moe.ops.paged_stash"
+
+
+def _fix_device(device: object) -> object:
+    if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(device, int) and not isinstance(device, bool):
+        return "cpu"  # .to(0) / device=0 mean "GPU 0" to Megatron
+    return device
+
+
+class CudaToCpuMode(torch.overrides.TorchFunctionMode):
+    """Rewrites device="cuda"/.cuda()/.to(cuda) to CPU and makes Tensor.type() say torch.cuda.*.
+
+    Serves ~30 hard-coded sites: pipeline schedules (total_num_tokens on "cuda"),
+    optimizer/clip_grads (`assert grad.type() == 'torch.cuda.FloatTensor'`), the distributed
+    optimizer's and Float16 wrapper's `param.type()` checks, DDP's param_and_grad_buffer.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
+        if "device" in kwargs:
+            kwargs["device"] = _fix_device(kwargs["device"])
+        if func is torch.Tensor.to and len(args) > 1:
+            args = (args[0], _fix_device(args[1])) + tuple(args[2:])
+        return func(*args, **kwargs)
+
+
+def install_import_shims() -> bool:
+    """Let megatron-core 0.19+ import without triton; a no-op for 0.16 or when triton exists."""
+    if _PAGED_STASH in sys.modules or importlib.util.find_spec("triton") is not None:
+        return False
+    stub = types.ModuleType(_PAGED_STASH)
+    stub.GLOBAL_BLOCK_SIZE = 1024
+
+    def _needs_triton(*_args, **_kwargs):
+        raise RuntimeError("paged-stash MoE kernels need triton and CUDA")
+
+    stub.paged_stash_copy_kernel = _needs_triton
+    stub.paged_stash_pop_kernel = _needs_triton
+    sys.modules[_PAGED_STASH] = stub
+    return True
+
+
+def apply() -> list[str]:
+    """Install the CPU patches once, only when CUDA is unavailable; returns their names."""
+    if torch.cuda.is_available() or APPLIED:
+        return APPLIED
+    install_import_shims()
+
+    # 1) ~175 sites allocate with device=torch.cuda.current_device(), and
+    #    RotaryEmbedding.get_emb moves inv_freq there on the first forward.
+    torch.cuda.current_device = lambda: "cpu"
+    APPLIED.append("current_device")
+
+    # 2) CudaRNGStatesTracker (model_parallel_cuda_manual_seed; get_cuda_rng_tracker().fork()
+    #    around dropout and TP weight init) keeps CUDA RNG states. Map them to the CPU
+    #    generator. torch.manual_seed must not be used here: it calls
+    #    torch.cuda.manual_seed_all, which would recurse.
+    import megatron.core.tensor_parallel.random as mcore_random
+
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    mcore_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mcore_random._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
+    # fork() warns on every use that the CPU RNG changed inside the "GPU" RNG context,
+    # which here is the same generator by construction.
+    logging.getLogger(mcore_random.__name__).setLevel(logging.ERROR)
+    APPLIED.append("rng")
+
+    # 3) transformer/utils.py:get_default_causal_mask (used by FusedScaleMaskSoftmax when
+    #    attention_mask is None) hard-codes device="cuda".
+    import megatron.core.fusions.fused_softmax as fused_softmax
+    import megatron.core.transformer.utils as transformer_utils
+
+    def get_default_causal_mask(sq: int) -> torch.Tensor:
+        return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+    transformer_utils.get_default_causal_mask = get_default_causal_mask
+    fused_softmax.get_default_causal_mask = get_default_causal_mask
+    APPLIED.append("causal_mask")
+
+    # 4) sequence_parallel with the local spec: WrappedTorchNorm asserts that torch norms do
+    #    not support sequence parallel. A torch norm is correct on a sequence shard as long
+    #    as its grads are all-reduced over TP, which finalize_model_grads does for params
+    #    tagged `.sequence_parallel = True`.
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    original_new = WrappedTorchNorm.__new__
+
+    def wrapped_norm_new(cls, config, hidden_size, eps=1e-5, **kwargs):
+        sequence_parallel = config.sequence_parallel
+        object.__setattr__(config, "sequence_parallel", False)
+        try:
+            norm = original_new(cls, config, hidden_size, eps, **kwargs)
+        finally:
+            object.__setattr__(config, "sequence_parallel", sequence_parallel)
+        for param in norm.parameters():
+            param.sequence_parallel = sequence_parallel
+        return norm
+
+    WrappedTorchNorm.__new__ = wrapped_norm_new
+    APPLIED.append("seqpar_norm")
+
+    # 5) pipeline_parallel/p2p_communication.py calls torch.cuda.synchronize() after
+    #    batched p2p (batch_p2p_sync) and in _communicate_shapes.
+    torch.cuda.synchronize = lambda *a, **k: None
+    APPLIED.append("synchronize")
+
+    # 6) The remaining hard-coded device="cuda"/.cuda()/.type() sites (see CudaToCpuMode).
+    #    Entered for the life of the process; overhead is within noise on a 10M model step.
+    global _DEVICE_MODE
+    _DEVICE_MODE = CudaToCpuMode()
+    _DEVICE_MODE.__enter__()
+    APPLIED.append("device_mode")
+    return APPLIED

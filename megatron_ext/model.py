@@ -1,0 +1,281 @@
+"""Model configuration (named like Megatron's TransformerConfig), Table 1 presets, builder.
+
+The architecture is the PosAug paper's: decoder-only, SwiGLU, RMSNorm, GQA, tied
+embeddings, RoPE (base 10000 by default, non-interleaved so it equals HF Llama's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+FP8_FORMATS = (None, "e4m3", "hybrid")
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+
+
+@dataclass
+class ModelConfig:
+    """GPT model hyper-parameters; field names follow Megatron's TransformerConfig / arguments."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    ffn_hidden_size: int = 172
+    num_attention_heads: int = 4
+    num_query_groups: int | None = None  # None = num_attention_heads (no GQA)
+    kv_channels: int | None = None  # None = hidden_size // num_attention_heads
+    seq_length: int = 64  # the training window w
+    vocab_size: int = 256  # the tokenizer's size; padded below for TP
+    make_vocab_size_divisible_by: int = 128
+    rotary_base: float = 10000.0
+    rotary_interleaved: bool = False
+    layernorm_epsilon: float = 1e-5
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    untie_embeddings_and_output_weights: bool = False
+    transformer_impl: str = "local"  # local | transformer_engine
+    bf16: bool = False
+    fp8: str | None = None  # None | e4m3 | hybrid (Transformer Engine only)
+    fp8_recipe: str = "delayed"
+    use_cpu_initialization: bool = True  # same weights for every TP size with the same seed
+
+    def __post_init__(self) -> None:
+        positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                    "seq_length", "vocab_size", "make_vocab_size_divisible_by")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be > 0 (got {getattr(self, name)})")
+        if self.num_query_groups is None:
+            self.num_query_groups = self.num_attention_heads
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"model.num_query_groups ({self.num_query_groups}) must divide "
+                f"model.num_attention_heads ({self.num_attention_heads})")
+        if self.kv_channels is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"model.hidden_size ({self.hidden_size}) must be divisible by "
+                    f"model.num_attention_heads ({self.num_attention_heads}), or set model.kv_channels")
+            self.kv_channels = self.hidden_size // self.num_attention_heads
+        if self.kv_channels % 2:
+            raise ValueError(f"model.kv_channels must be even for RoPE (got {self.kv_channels})")
+        if self.rotary_base <= 1:
+            raise ValueError(f"model.rotary_base must be > 1 (got {self.rotary_base})")
+        if self.transformer_impl not in TRANSFORMER_IMPLS:
+            raise ValueError(f"model.transformer_impl must be one of {TRANSFORMER_IMPLS} "
+                             f"(got {self.transformer_impl!r})")
+        if self.fp8 not in FP8_FORMATS:
+            raise ValueError(f"model.fp8 must be one of {FP8_FORMATS} (got {self.fp8!r})")
+        if self.fp8 is not None and self.transformer_impl != "transformer_engine":
+            raise ValueError("model.fp8 needs model.transformer_impl=transformer_engine "
+                             "(FP8 runs only through Transformer Engine)")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES} (got {self.fp8_recipe!r})")
+
+    @property
+    def rotary_dim(self) -> int:
+        """Number of rotated channels per head (Megatron's rotary_percent is 1.0 here)."""
+        return self.kv_channels
+
+    def padded_vocab_size(self, tensor_model_parallel_size: int = 1) -> int:
+        """Vocabulary padded to a multiple of make_vocab_size_divisible_by × TP, as Megatron does."""
+        multiple = self.make_vocab_size_divisible_by * tensor_model_parallel_size
+        return -(-self.vocab_size // multiple) * multiple
+
+    def non_embedding_parameters(self) -> int:
+        """Parameters outside the (tied) embedding: what the PosAug paper's Table 1 counts."""
+        h, f, d = self.hidden_size, self.ffn_hidden_size, self.kv_channels
+        q, kv = self.num_attention_heads * d, self.num_query_groups * d
+        attention = h * (q + 2 * kv) + q * h
+        mlp = h * 2 * f + f * h  # SwiGLU: gate and up in fc1, down in fc2
+        norms = 2 * h
+        return self.num_layers * (attention + mlp + norms) + h  # + final norm
+
+    def total_parameters(self, tensor_model_parallel_size: int = 1) -> int:
+        """All parameters, with the padded vocabulary (one embedding copy unless untied)."""
+        embedding = self.padded_vocab_size(tensor_model_parallel_size) * self.hidden_size
+        copies = 2 if self.untie_embeddings_and_output_weights else 1
+        return self.non_embedding_parameters() + copies * embedding
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (6N + attention), for the MFU estimate."""
+        n = self.non_embedding_parameters() + self.padded_vocab_size() * self.hidden_size
+        attention = 12 * self.num_layers * self.num_attention_heads * self.kv_channels * self.seq_length
+        return 6 * n + attention
+
+
+# PosAug paper, Table 1 (all SwiGLU, RMSNorm, GQA, tied embeddings; vocab 50,257 GPT-NeoX).
+# "Params" there is the non-embedding count; `table1_params` records it for the test.
+PRESETS: dict[str, dict] = {
+    "10m": dict(hidden_size=384, num_attention_heads=6, num_query_groups=6, num_layers=6,
+                ffn_hidden_size=1024, table1_params=10.6e6, table1_tokens=500e6),
+    "42m": dict(hidden_size=768, num_attention_heads=12, num_query_groups=12, num_layers=6,
+                ffn_hidden_size=2048, table1_params=42.5e6, table1_tokens=850e6),
+    "113m": dict(hidden_size=768, num_attention_heads=12, num_query_groups=12, num_layers=12,
+                 ffn_hidden_size=3072, table1_params=113.3e6, table1_tokens=2.3e9),
+    "425m": dict(hidden_size=1280, num_attention_heads=20, num_query_groups=4, num_layers=24,
+                 ffn_hidden_size=3584, table1_params=424.7e6, table1_tokens=500e6),
+    "1b": dict(hidden_size=2048, num_attention_heads=32, num_query_groups=8, num_layers=24,
+               ffn_hidden_size=5632, table1_params=1082e6, table1_tokens=500e6),
+    # CPU scale: the reproduction/demo model (d 128, 4 layers, 4 heads) and a unit-test model.
+    "cpu-small": dict(hidden_size=128, num_attention_heads=4, num_query_groups=4, num_layers=4,
+                      ffn_hidden_size=352, seq_length=64, vocab_size=4096),
+    "tiny": dict(hidden_size=64, num_attention_heads=4, num_query_groups=2, num_layers=4,
+                 ffn_hidden_size=128, seq_length=32, vocab_size=256),
+}
+PAPER_DEFAULTS = dict(seq_length=2048, vocab_size=50257)
+TABLE1_SIZES = ("10m", "42m", "113m", "425m", "1b")
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """The named preset as a ModelConfig; keyword overrides win."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    values = {k: v for k, v in PRESETS[name].items() if not k.startswith("table1_")}
+    if name in TABLE1_SIZES:
+        values = {**PAPER_DEFAULTS, **values}
+    return ModelConfig(**{**values, **overrides})
+
+
+@dataclass
+class ParallelConfig:
+    """Model-parallel layout; names follow Megatron's arguments."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"parallel.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            self.sequence_parallel = False  # Megatron disables it for TP=1 too
+
+    def check_model(self, model: ModelConfig) -> None:
+        """Clear errors for layouts Megatron would reject later (and less clearly)."""
+        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        if model.num_attention_heads % tp:
+            raise ValueError(f"parallel.tensor_model_parallel_size ({tp}) must divide "
+                             f"model.num_attention_heads ({model.num_attention_heads})")
+        if model.num_query_groups % tp:
+            raise ValueError(f"parallel.tensor_model_parallel_size ({tp}) must divide "
+                             f"model.num_query_groups ({model.num_query_groups})")
+        if model.num_layers % pp:
+            raise ValueError(f"parallel.pipeline_model_parallel_size ({pp}) must divide "
+                             f"model.num_layers ({model.num_layers})")
+        if self.context_parallel_size > 1 and not torch.cuda.is_available():
+            raise ValueError("parallel.context_parallel_size > 1 needs GPUs (Megatron's context "
+                             "parallel attention is Transformer Engine only); set it to 1 on CPU")
+
+
+def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = None,
+                       *, per_sample_positions: bool = False):
+    """Megatron TransformerConfig for this model and layout (fusions only where kernels exist)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    parallel = parallel or ParallelConfig()
+    te = model.transformer_impl == "transformer_engine"
+    on_gpu = torch.cuda.is_available()
+    dtype = torch.bfloat16 if model.bf16 else torch.float32
+    # TE's fused RoPE takes one frequency row per position; per-sample positions [b, s]
+    # need the unfused kernel, which broadcasts [s, b, 1, d] frequencies.
+    rope_fusion = te and on_gpu and not per_sample_positions
+    if te and per_sample_positions:
+        log.info("per-sample positions: using Megatron's unfused RoPE (TE fused RoPE needs [s] positions)")
+    config = TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.kv_channels,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.layernorm_epsilon,
+        add_bias_linear=False,
+        hidden_dropout=model.hidden_dropout,
+        attention_dropout=model.attention_dropout,
+        init_method_std=model.init_method_std,
+        rotary_interleaved=model.rotary_interleaved,
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        context_parallel_size=parallel.context_parallel_size,
+        sequence_parallel=parallel.sequence_parallel,
+        use_cpu_initialization=model.use_cpu_initialization,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=model.bf16,
+        fp8=model.fp8,
+        fp8_recipe=model.fp8_recipe,
+        apply_rope_fusion=rope_fusion,
+        bias_activation_fusion=on_gpu,
+        bias_dropout_fusion=on_gpu,
+        masked_softmax_fusion=te and on_gpu,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=te and on_gpu,
+    )
+    return config
+
+
+def layer_spec_function(model: ModelConfig) -> Callable:
+    """Megatron's layer-spec factory for the chosen implementation (TE imported lazily)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if model.transformer_impl == "transformer_engine":
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
+    return gpt_layer_specs.get_gpt_layer_local_spec
+
+
+def check_runtime(model: ModelConfig) -> None:
+    """Refuse Transformer Engine / FP8 / BF16 where they cannot run, naming the fix."""
+    if model.transformer_impl == "transformer_engine":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "model.transformer_impl=transformer_engine needs a CUDA GPU and the `gpu` extra "
+                "(pip install '.[gpu]'); on CPU use model.transformer_impl=local")
+        try:
+            import transformer_engine  # noqa: F401
+        except ImportError as error:
+            raise RuntimeError("model.transformer_impl=transformer_engine but transformer_engine "
+                               "is not installed: pip install '.[gpu]'") from error
+
+
+def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
+                pre_process: bool = True, post_process: bool = True,
+                per_sample_positions: bool = False):
+    """A FloatPositionGPTModel (this rank's pipeline stage) for the config; parallel state must exist."""
+    from megatron_ext.rope_hook import FloatPositionGPTModel
+
+    parallel = parallel or ParallelConfig()
+    parallel.check_model(model)
+    check_runtime(model)
+    config = transformer_config(model, parallel, per_sample_positions=per_sample_positions)
+    spec_kwargs = {} if model.transformer_impl == "transformer_engine" else {"normalization": "RMSNorm"}
+    spec = layer_spec_function(model)(**spec_kwargs)
+    return FloatPositionGPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=model.padded_vocab_size(parallel.tensor_model_parallel_size),
+        max_sequence_length=model.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+        position_embedding_type="rope",
+        rotary_base=int(model.rotary_base) if float(model.rotary_base).is_integer() else model.rotary_base,
+    )
+
+
+def model_config_dict(model: ModelConfig) -> dict:
+    """Plain dict of the config, for saving beside checkpoints."""
+    return dataclasses.asdict(model)

@@ -1,0 +1,133 @@
+"""The one hook that carries float positions into Megatron-Core's RoPE.
+
+Stock `GPTModel._preprocess` builds rotary angles from `arange(seq_len)` through the
+`lru_cache`d `RotaryEmbedding.forward` and ignores `position_ids`. `FloatPositionGPTModel`
+rebuilds the angles from what the caller passes as `position_ids`:
+
+- a tensor `[s]` (shared by the batch; emb `[s, 1, 1, d]`, the shape TE's fused RoPE takes),
+- a tensor `[b, s]` (per sample; emb `[s, b, 1, d]`, unfused RoPE broadcasts it),
+- a `RopePositions` (positions plus optional per-layer rows, replacement inverse
+  frequencies, and a YaRN attention factor).
+
+Per-layer positions travel as one `[num_layers, s, b|1, 1, d]` tensor through the
+TransformerBlock (so activation recompute sees the same tensor) and a forward pre-hook on
+each layer picks its own row by global `layer_number`, which also holds under pipeline
+parallelism. Every pipeline stage computes its own angles, so the caller must pass the same
+positions to every stage for a given microbatch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_this_cp_rank
+from megatron.core.models.gpt.gpt_model import GPTModel
+
+from megatron_ext.positions import RopePositions
+
+
+def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor, *, interleaved: bool = False,
+                  interpolation_factor: float | None = None) -> torch.Tensor:
+    """RoPE angles in Megatron's layout: [s] -> [s, 1, 1, d]; [b, s] -> [s, b, 1, d]."""
+    positions = positions.to(device=inv_freq.device, dtype=torch.float32)
+    if interpolation_factor is not None:
+        positions = positions / interpolation_factor
+    positions = positions[:, None] if positions.dim() == 1 else positions.transpose(0, 1)
+    freqs = positions[..., None] * inv_freq  # [s, b|1, d/2]
+    if interleaved:
+        emb = torch.stack((freqs, freqs), dim=-1).flatten(-2)
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
+    return emb[:, :, None, :]
+
+
+def as_rope_positions(position_ids: torch.Tensor | RopePositions) -> RopePositions:
+    """Wrap a plain position tensor; pass a RopePositions through."""
+    if isinstance(position_ids, RopePositions):
+        return position_ids
+    return RopePositions(positions=position_ids)
+
+
+class FloatPositionGPTModel(GPTModel):
+    """GPTModel whose RoPE angles come from the given (float) positions instead of arange."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.position_embedding_type != "rope":
+            raise ValueError("FloatPositionGPTModel needs position_embedding_type='rope'")
+        for layer in self.decoder.layers:
+            layer.register_forward_pre_hook(_select_layer_angles, with_kwargs=True)
+
+    def forward(self, input_ids, position_ids, attention_mask, *args, **kwargs):
+        """GPTModel.forward; position_ids may be a float tensor [s] / [b, s] or a RopePositions."""
+        if position_ids is None or kwargs.get("inference_context") is not None:
+            return super().forward(input_ids, position_ids, attention_mask, *args, **kwargs)
+        rope = as_rope_positions(position_ids)
+        with attention_logits_scaled(self, rope.attention_factor ** 2):
+            return super().forward(input_ids, rope, attention_mask, *args, **kwargs)
+
+    def _preprocess(self, input_ids, position_ids, decoder_input=None, inference_context=None,
+                    packed_seq_params=None, padding_mask=None):
+        rope = position_ids if isinstance(position_ids, RopePositions) else None
+        # The embedding layer ignores position_ids for RoPE models; hand it a tensor anyway.
+        output = super()._preprocess(
+            input_ids, rope.positions if rope is not None else position_ids,
+            decoder_input=decoder_input, inference_context=inference_context,
+            packed_seq_params=packed_seq_params, padding_mask=padding_mask)
+        if rope is None:
+            return output
+        if packed_seq_params is not None:
+            raise ValueError("float RoPE positions do not support packed (THD) sequences")
+        emb = self.rotary_angles_for(rope)
+        cp_group = self.rotary_pos_emb.cp_group
+        if cp_group is not None and cp_group.size() > 1:
+            # Slice after building full-length angles: the zigzag CP split needs all of them.
+            seq_dim = 1 if rope.layer_positions is not None else 0
+            emb = get_pos_emb_on_this_cp_rank(emb, seq_dim, cp_group)
+        return (output[0], emb) + tuple(output[2:])
+
+    def rotary_angles_for(self, rope: RopePositions) -> torch.Tensor:
+        """Angles for all layers: [s, b|1, 1, d], or [num_layers, s, 1, 1, d] for per-layer positions."""
+        rotary = self.rotary_pos_emb
+        inv_freq = rotary.inv_freq if rope.inv_freq is None else rope.inv_freq
+        inv_freq = inv_freq.to(device=rope.positions.device, dtype=torch.float32)
+        kwargs = dict(interleaved=rotary.rotary_interleaved,
+                      interpolation_factor=rotary.seq_len_interpolation_factor)
+        if rope.layer_positions is None:
+            return rotary_angles(rope.positions, inv_freq, **kwargs)
+        if rope.layer_positions.shape[0] != self.config.num_layers:
+            raise ValueError(f"layer_positions has {rope.layer_positions.shape[0]} rows; "
+                             f"the model has {self.config.num_layers} layers")
+        return torch.stack([rotary_angles(row, inv_freq, **kwargs) for row in rope.layer_positions])
+
+
+def _select_layer_angles(layer, args, kwargs):
+    """Forward pre-hook: give each layer its own row of per-layer angles."""
+    emb = kwargs.get("rotary_pos_emb")
+    if emb is not None and emb.dim() == 5:
+        kwargs["rotary_pos_emb"] = emb[layer.layer_number - 1]
+        return args, kwargs
+    return None
+
+
+@contextlib.contextmanager
+def attention_logits_scaled(model: torch.nn.Module, factor: float) -> Iterator[None]:
+    """Multiply every core attention's softmax scale by `factor` for the duration (YaRN).
+
+    YaRN multiplies cos and sin by its attention factor t, i.e. q and k by t, i.e. the
+    logits by t**2; scaling softmax_scale is the same thing for any attention backend.
+    """
+    if factor == 1.0:
+        yield
+        return
+    modules = [m for m in model.modules() if hasattr(m, "softmax_scale") and m.softmax_scale is not None]
+    originals = [m.softmax_scale for m in modules]
+    for module in modules:
+        module.softmax_scale = module.softmax_scale * factor
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, originals):
+            module.softmax_scale = original

@@ -1,0 +1,76 @@
+"""Process groups for one run: torchrun/SLURM environment or a single local process."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from megatron_ext import cpu_compat
+from megatron_ext.model import ParallelConfig
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def initialize(parallel: ParallelConfig, seed: int, timeout_s: float = 600.0) -> None:
+    """Create the world group (NCCL on GPU, gloo on CPU) and Megatron's model-parallel groups."""
+    if not torch.cuda.is_available():
+        cpu_compat.apply()
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # plain `python -m pretrain ...`: a world of one
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    world = dist.get_world_size()
+    model_parallel = (parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
+                      * parallel.context_parallel_size)
+    if world % model_parallel:
+        raise ValueError(f"world size {world} is not divisible by TP×PP×CP = {model_parallel}")
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        context_parallel_size=parallel.context_parallel_size,
+    )
+    seed_all(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python, NumPy and torch's default RNG (weights are drawn from it on CPU init)."""
+    import random
+
+    import numpy
+
+    random.seed(seed)
+    numpy.random.seed(seed % 2**32)
+    torch.default_generator.manual_seed(seed)
+
+
+def data_parallel_info() -> tuple[int, int]:
+    """(rank, size) of this process in its data-parallel group."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+
+
+def destroy() -> None:
+    """Tear down Megatron's groups and the world group."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,184 @@
+"""One training step on Megatron-Core: DDP, its optimizer and LR schedule, pipeline schedules.
+
+The position sampler is called once per (step, microbatch) on every rank and pipeline
+stage; its generator is keyed on (seed, step, microbatch), so every rank builds the same
+positions without communication.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from megatron_ext.model import ModelConfig, ParallelConfig, build_model
+from megatron_ext.positions import PositionSampler
+
+
+@dataclass
+class OptimizerSettings:
+    """AdamW + warmup/cosine schedule; names follow Megatron's arguments (PosAug Table 16)."""
+
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "cosine"
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"optimizer.lr must be > 0 and 0 <= optimizer.min_lr <= lr "
+                             f"(got lr={self.lr}, min_lr={self.min_lr})")
+        if self.lr_decay_style not in ("cosine", "linear", "constant"):
+            raise ValueError(f"optimizer.lr_decay_style must be cosine, linear or constant "
+                             f"(got {self.lr_decay_style!r})")
+        if self.lr_warmup_iters < 0:
+            raise ValueError(f"optimizer.lr_warmup_iters must be >= 0 (got {self.lr_warmup_iters})")
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step reports (loss averaged over microbatches and DP ranks)."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    update_successful: bool
+
+
+class NonFiniteLossError(RuntimeError):
+    """A microbatch produced a NaN or infinite loss."""
+
+
+class Engine:
+    """This rank's model chunk wrapped in Megatron DDP, with optimizer and LR scheduler."""
+
+    def __init__(self, model: ModelConfig, parallel: ParallelConfig, optim: OptimizerSettings,
+                 train_iters: int, *, per_sample_positions: bool = False) -> None:
+        from megatron.core import parallel_state
+        from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                               finalize_model_grads)
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        self.model_config = model
+        self.parallel = parallel
+        module = build_model(model, parallel,
+                             pre_process=parallel_state.is_pipeline_first_stage(),
+                             post_process=parallel_state.is_pipeline_last_stage(),
+                             per_sample_positions=per_sample_positions)
+        self.config = module.config
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            use_distributed_optimizer=parallel.use_distributed_optimizer)
+        self.model = DistributedDataParallel(self.config, ddp_config, module)
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.no_sync_func = self.model.no_sync
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=optim.lr, min_lr=optim.min_lr,
+                            weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
+                            adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
+                            clip_grad=optim.clip_grad, bf16=model.bf16, fp16=False,
+                            params_dtype=self.config.params_dtype,
+                            use_distributed_optimizer=parallel.use_distributed_optimizer),
+            [self.model])
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
+            lr_warmup_steps=optim.lr_warmup_iters, lr_decay_steps=max(train_iters, 1),
+            lr_decay_style=optim.lr_decay_style, start_wd=optim.weight_decay,
+            end_wd=optim.weight_decay, wd_incr_steps=max(train_iters, 1), wd_incr_style="constant")
+
+    def train_step(self, batches: Iterator[dict], sampler: PositionSampler, step: int,
+                   num_microbatches: int, micro_batch_size: int, seq_length: int) -> StepResult:
+        """Forward/backward over `num_microbatches` (any pipeline schedule), then one optimizer step."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        forward_step = _ForwardStep(sampler, step, seq_length)
+        losses = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=batches, model=[self.model],
+            num_microbatches=num_microbatches, seq_length=seq_length,
+            micro_batch_size=micro_batch_size, forward_only=False)
+        loss = _reduce_loss(losses, step)
+        update_successful, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        return StepResult(loss=loss, grad_norm=float(grad_norm or 0.0),
+                          lr=self.optimizer.param_groups[0]["lr"],
+                          update_successful=bool(update_successful))
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterator[dict], sampler: PositionSampler, num_microbatches: int,
+                 micro_batch_size: int, seq_length: int) -> float:
+        """Mean loss over `num_microbatches` with evaluation positions (forward only)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        self.model.eval()
+        try:
+            losses = get_forward_backward_func()(
+                forward_step_func=_ForwardStep(sampler, None, seq_length), data_iterator=batches,
+                model=[self.model], num_microbatches=num_microbatches, seq_length=seq_length,
+                micro_batch_size=micro_batch_size, forward_only=True)
+        finally:
+            self.model.train()
+        return _reduce_loss(losses, step=-1)
+
+
+class _ForwardStep:
+    """Megatron forward_step_func: fetch a microbatch, make its positions, run the model."""
+
+    def __init__(self, sampler: PositionSampler, step: int | None, seq_length: int) -> None:
+        self.sampler, self.step, self.seq_length = sampler, step, seq_length
+        self.microbatch = 0  # schedules call forward in microbatch order on every stage
+
+    def __call__(self, data_iterator, model):
+        batch = next(data_iterator)
+        tokens, labels, loss_mask = batch["tokens"], batch["labels"], batch["loss_mask"]
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        tokens, labels, loss_mask = tokens.to(device), labels.to(device), loss_mask.to(device)
+        if self.step is None:
+            positions = self.sampler.evaluation(tokens.shape[1], device=device)
+        else:
+            positions = self.sampler.training(self.step, self.microbatch, tokens.shape[1],
+                                              batch_size=tokens.shape[0], device=device)
+        microbatch = self.microbatch
+        self.microbatch += 1
+        output = model(tokens, positions, None, labels=labels)
+
+        def loss_func(output_tensor: torch.Tensor):
+            mask = loss_mask.float()
+            loss = (output_tensor.float() * mask).sum() / mask.sum().clamp(min=1.0)
+            # clone: the schedule divides the returned loss by num_microbatches in place
+            return loss, {"lm loss": loss.detach().clone(), "microbatch": microbatch}
+
+        return output, loss_func
+
+
+def _reduce_loss(losses: list[dict], step: int) -> float:
+    """Mean loss on the last stage, averaged over DP, given to every rank; NaN stops the run."""
+    from megatron.core import parallel_state
+
+    loss = torch.zeros(1, dtype=torch.float64)
+    first_bad_microbatch = torch.full((1,), -1.0, dtype=torch.float64)
+    if parallel_state.is_pipeline_last_stage():
+        for record in losses:
+            if not torch.isfinite(record["lm loss"]).all():
+                first_bad_microbatch[0] = record["microbatch"]
+                break
+        loss[0] = sum(float(r["lm loss"]) for r in losses) / max(len(losses), 1)
+        # every TP rank of the last stage holds the same loss: count it once per TP group
+        loss[0] /= (parallel_state.get_data_parallel_world_size()
+                    * parallel_state.get_tensor_model_parallel_world_size())
+    dist.all_reduce(loss)
+    dist.all_reduce(first_bad_microbatch, op=dist.ReduceOp.MAX)
+    if first_bad_microbatch.item() >= 0:
+        raise NonFiniteLossError(
+            f"non-finite loss at step {step}, microbatch {int(first_bad_microbatch.item())}; "
+            "lower optimizer.lr or check the data")
+    return float(loss.item())
