@@ -1,0 +1,94 @@
+"""Command line: `python -m data_prep {build,train-tokenizer,inspect,embedded-corpus}` (console script `data-prep`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from data_prep.readers import FORMATS
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="data_prep", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="tokenise a corpus into Megatron .bin/.idx shards")
+    b.add_argument("--input", action="append", required=True, help="file or directory (repeatable)")
+    b.add_argument("--tokenizer", required=True, help="tokenizer.json, dir with vocab.json+merges.txt, or .model")
+    b.add_argument("--output-prefix", required=True, help="OUT/name -> OUT/name_00000_text_document.bin ...")
+    b.add_argument("--num-shards", type=int, default=1)
+    g = b.add_mutually_exclusive_group()
+    g.add_argument("--valid-fraction", type=float, default=None,
+                   help="fraction of documents held out for validation (default 0.0005, at least 1 doc)")
+    g.add_argument("--valid-docs", type=int, default=None, help="exact number of validation documents")
+    b.add_argument("--seed", type=int, default=1234, help="seed of the document shuffle (split and shards)")
+    b.add_argument("--workers", type=int, default=1, help="worker processes on this machine (per MPI rank)")
+    b.add_argument("--jsonl-key", default="text", help="JSON key (or parquet/arrow column) holding the text")
+    b.add_argument("--format", dest="fmt", default="auto", choices=FORMATS)
+    b.add_argument("--no-append-eod", dest="append_eod", action="store_false", help="do not end documents with EOD")
+    b.add_argument("--eod-token", default=None, help="end-of-document token (default: found in the tokenizer)")
+    b.add_argument("--strict", action="store_true", help="fail on the first bad document instead of skipping it")
+    b.add_argument("--force", action="store_true", help="rebuild even if complete outputs exist")
+    b.add_argument("--mpi", dest="use_mpi", action="store_true", default=None,
+                   help="use MPI (auto-detected under mpirun/srun)")
+    b.add_argument("--chunk-bytes", type=int, default=4 << 20, help="size of work units cut from plain files")
+    b.add_argument("--keep-work", action="store_true", help="keep intermediate work files after success")
+    b.add_argument("--no-progress", dest="progress", action="store_false")
+
+    t = sub.add_parser("train-tokenizer", help="train a tokenizer on a sample of a corpus")
+    t.add_argument("--input", action="append", required=True)
+    t.add_argument("--output", required=True, help="directory to save the tokenizer into")
+    t.add_argument("--kind", required=True, choices=["sentencepiece-bpe", "sentencepiece-unigram", "bytelevel-bpe"])
+    t.add_argument("--vocab-size", type=int, required=True)
+    t.add_argument("--sample-bytes", type=int, default=100_000_000)
+    t.add_argument("--format", dest="fmt", default="auto", choices=FORMATS)
+    t.add_argument("--jsonl-key", default="text")
+
+    i = sub.add_parser("inspect", help="report on (and check) written shards")
+    i.add_argument("prefix", help="output prefix (with manifest) or one shard prefix")
+    i.add_argument("--tokenizer", default=None, help="tokenizer for the decoded sample (default: manifest's)")
+    i.add_argument("--sample-tokens", type=int, default=200)
+
+    e = sub.add_parser("embedded-corpus", help="write the no-download demo corpus from Python's stdlib")
+    e.add_argument("--output", required=True)
+    e.add_argument("--max-bytes", type=int, default=5_000_000)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run one command; returns the process exit code."""
+    args = _build_parser().parse_args(argv)
+    try:
+        if args.command == "build":
+            from data_prep.pipeline import BuildConfig, build
+
+            kw = {k: v for k, v in vars(args).items() if k != "command"}
+            kw["inputs"] = kw.pop("input")
+            build(BuildConfig(**kw))
+            return 0
+        if args.command == "train-tokenizer":
+            from data_prep.train_tokenizer import train_tokenizer
+
+            path = train_tokenizer(args.input, args.output, args.kind, args.vocab_size, args.sample_bytes,
+                                   args.fmt, args.jsonl_key)
+            print(path)
+            return 0
+        if args.command == "inspect":
+            from data_prep.inspect import inspect
+
+            return 1 if inspect(args.prefix, args.tokenizer, args.sample_tokens) else 0
+        if args.command == "embedded-corpus":
+            from data_prep.corpus import write_embedded_corpus
+
+            n, size = write_embedded_corpus(args.output, args.max_bytes)
+            print(f"wrote {n} documents, {size} bytes to {args.output}", file=sys.stderr)
+            return 0
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"data_prep {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Tokenizers loaded from local files only: HF `tokenizer.json`, GPT-2 `vocab.json`+`merges.txt`, SentencePiece.
+
+The returned object also satisfies what Megatron-Core's GPTDataset reads from a tokenizer
+(`vocab_size`, `eod`, `pad`, `unique_identifiers`), so it can be passed to it directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Optional, Sequence
+
+# Names tried, in order, for the end-of-document and padding tokens.
+EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<eod>", "[SEP]")
+PAD_CANDIDATES = ("<|padding|>", "<pad>", "[PAD]", "<|pad|>")
+
+
+def file_sha256(paths: Sequence[str]) -> str:
+    """SHA-256 over the bytes of the given files, in order."""
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+class Tokenizer:
+    """Common interface over the three tokenizer kinds."""
+
+    kind: str
+    path: str
+    files: list[str]
+    vocab_size: int
+    eod: int
+    pad: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without any special tokens added."""
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of several texts (implementations batch into native code)."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens kept)."""
+        raise NotImplementedError
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the tokenizer file(s), recorded in the manifest."""
+        if not hasattr(self, "_sha"):
+            self._sha = file_sha256(self.files)
+        return self._sha
+
+    @property
+    def unique_identifiers(self) -> dict:
+        """What Megatron's dataset cache keys use to tell tokenizers apart."""
+        return {"class": "data_prep.Tokenizer", "kind": self.kind, "sha256": self.sha256}
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(kind={self.kind!r}, path={self.path!r}, vocab_size={self.vocab_size}, eod={self.eod})"
+
+
+class HFTokenizer(Tokenizer):
+    """A `tokenizers` Tokenizer: from tokenizer.json, or assembled from GPT-2 vocab.json + merges.txt."""
+
+    def __init__(self, tok, kind: str, path: str, files: list[str], eod_token: Optional[str]) -> None:
+        self._tok, self.kind, self.path, self.files = tok, kind, path, files
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.eod = _find_token(tok.token_to_id, eod_token, EOD_CANDIDATES, path, "end-of-document")
+        pad = _find_token(tok.token_to_id, None, PAD_CANDIDATES, path, "padding", required=False)
+        self.pad = self.eod if pad is None else pad
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def __getstate__(self):  # Rust objects pickle via JSON; keep it explicit for worker processes
+        d = self.__dict__.copy()
+        d["_tok"] = self._tok.to_str()
+        return d
+
+    def __setstate__(self, d):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        d["_tok"] = RustTokenizer.from_str(d["_tok"])
+        self.__dict__.update(d)
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece `.model`."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, path: str, eod_token: Optional[str]) -> None:
+        import sentencepiece as spm
+
+        self.path, self.files = path, [path]
+        self._sp = spm.SentencePieceProcessor(model_file=path)
+        self.vocab_size = self._sp.get_piece_size()
+
+        def lookup(tok: str) -> Optional[int]:
+            i = self._sp.piece_to_id(tok)
+            return None if i == self._sp.unk_id() and tok != self._sp.id_to_piece(i) else i
+
+        if eod_token is None and self._sp.eos_id() >= 0:
+            self.eod = self._sp.eos_id()
+        else:
+            self.eod = _find_token(lookup, eod_token, EOD_CANDIDATES, path, "end-of-document")
+        self.pad = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eod
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self._sp.encode(texts, num_threads=1)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d.pop("_sp")
+        return d
+
+    def __setstate__(self, d):
+        import sentencepiece as spm
+
+        self.__dict__.update(d)
+        self._sp = spm.SentencePieceProcessor(model_file=self.path)
+
+
+def _find_token(lookup, explicit: Optional[str], candidates: Sequence[str], path: str, what: str,
+                required: bool = True) -> Optional[int]:
+    names = [explicit] if explicit else list(candidates)
+    for name in names:
+        i = lookup(name)
+        if i is not None:
+            return int(i)
+    if required:
+        raise ValueError(f"{path}: no {what} token found (tried {names}); pass --eod-token")
+    return None
+
+
+def load_tokenizer(path: str, eod_token: Optional[str] = None) -> Tokenizer:
+    """Load a tokenizer from a tokenizer.json, a .model, or a directory holding either or vocab.json+merges.txt."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        for name in ("tokenizer.json",):
+            if os.path.exists(os.path.join(path, name)):
+                return load_tokenizer(os.path.join(path, name), eod_token)
+        vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
+        if os.path.exists(vocab) and os.path.exists(merges):
+            return _load_gpt2_bpe(path, vocab, merges, eod_token)
+        models = sorted(f for f in os.listdir(path) if f.endswith(".model"))
+        if models:
+            return SentencePieceTokenizer(os.path.join(path, models[0]), eod_token)
+        raise FileNotFoundError(f"{path}: no tokenizer.json, vocab.json+merges.txt or *.model found")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"tokenizer not found: {path}")
+    if path.endswith(".json") and os.path.basename(path) == "vocab.json":
+        return load_tokenizer(os.path.dirname(path), eod_token)
+    if path.endswith(".json"):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        return HFTokenizer(RustTokenizer.from_file(path), "hf", path, [path], eod_token)
+    if path.endswith(".model"):
+        return SentencePieceTokenizer(path, eod_token)
+    raise ValueError(f"{path}: unrecognised tokenizer file (want tokenizer.json, vocab.json+merges.txt or .model)")
+
+
+def _load_gpt2_bpe(path: str, vocab: str, merges: str, eod_token: Optional[str]) -> HFTokenizer:
+    """GPT-2 byte-level BPE, identical in output to GPT-2's own (and Megatron's GPT2BPETokenizer)."""
+    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
+
+    tok = RustTokenizer(models.BPE.from_file(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    # <|endoftext|> stays an ordinary vocab entry, as in GPT-2: a literal one in text is not an EOD.
+    return HFTokenizer(tok, "gpt2_bpe", path, [vocab, merges], eod_token)

@@ -1,0 +1,108 @@
+"""Shard writing through Megatron-Core's own IndexedDatasetBuilder, plus checksums and .idx/.bin checks.
+
+Megatron is imported inside functions only, so reading and tokenising stay a light install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Iterable
+
+import numpy as np
+
+# Megatron's DType.optimal_dtype rule (cardinality < 65500 -> uint16, else int32); repeated here
+# so tokenising workers need not import megatron/torch. A test checks it matches Megatron's.
+UINT16_MAX_VOCAB = 65500
+
+
+def megatron_indexed():
+    """Megatron-Core's indexed_dataset module, imported on first use (pulls in torch)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        # megatron.core's package import warns about optional Transformer Engine/Apex; irrelevant here.
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset
+
+
+def token_dtype(vocab_size: int) -> type:
+    """numpy dtype for token ids: uint16 when the vocabulary fits, int32 otherwise."""
+    return np.uint16 if vocab_size < UINT16_MAX_VOCAB else np.int32
+
+
+def sha256_file(path: str) -> str:
+    """SHA-256 of one file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checksums(prefix: str) -> dict:
+    """Sizes and SHA-256 of a `.bin/.idx` pair."""
+    return {
+        "bin_bytes": os.path.getsize(prefix + ".bin"),
+        "idx_bytes": os.path.getsize(prefix + ".idx"),
+        "bin_sha256": sha256_file(prefix + ".bin"),
+        "idx_sha256": sha256_file(prefix + ".idx"),
+    }
+
+
+def matches_checksums(prefix: str, rec: dict) -> bool:
+    """True if the pair on disk has exactly the sizes and hashes recorded in `rec`."""
+    try:
+        if os.path.getsize(prefix + ".bin") != rec["bin_bytes"] or os.path.getsize(prefix + ".idx") != rec["idx_bytes"]:
+            return False
+        return checksums(prefix) == {k: rec[k] for k in ("bin_bytes", "idx_bytes", "bin_sha256", "idx_sha256")}
+    except (OSError, KeyError, TypeError):
+        return False
+
+
+def write_indexed(prefix: str, docs: Iterable[np.ndarray], dtype: type) -> tuple[int, int]:
+    """Write documents (one token array each) as `prefix.bin/.idx`; returns (documents, tokens).
+
+    Written under temporary names and renamed at the end, so a crash never leaves a
+    complete-looking pair behind.
+    """
+    IndexedDatasetBuilder = megatron_indexed().IndexedDatasetBuilder
+    tmp_bin, tmp_idx = prefix + ".bin.partial", prefix + ".idx.partial"
+    builder = IndexedDatasetBuilder(tmp_bin, dtype=dtype)
+    n_docs = n_tok = 0
+    for arr in docs:
+        builder.add_document(arr, [int(arr.size)])
+        n_docs += 1
+        n_tok += int(arr.size)
+    builder.finalize(tmp_idx)
+    os.replace(tmp_bin, prefix + ".bin")
+    os.replace(tmp_idx, prefix + ".idx")
+    return n_docs, n_tok
+
+
+def check_pair(prefix: str) -> list[str]:
+    """Consistency problems between `prefix.idx` and `prefix.bin` (empty list when sound)."""
+    IndexedDataset = megatron_indexed().IndexedDataset
+    problems = []
+    for ext in (".bin", ".idx"):
+        if not os.path.exists(prefix + ext):
+            return [f"missing {prefix + ext}"]
+    try:
+        ds = IndexedDataset(prefix, mmap=True)
+    except Exception as e:  # malformed header / truncated index
+        return [f"{prefix}.idx unreadable: {type(e).__name__}: {e}"]
+    idx = ds.index
+    lengths = np.asarray(idx.sequence_lengths, dtype=np.int64)
+    pointers = np.asarray(idx.sequence_pointers, dtype=np.int64)
+    doc_idx = np.asarray(idx.document_indices, dtype=np.int64)
+    itemsize = np.dtype(idx.dtype).itemsize
+    expect = int(lengths.sum()) * itemsize
+    actual = os.path.getsize(prefix + ".bin")
+    if expect != actual:
+        problems.append(f"{prefix}.bin has {actual} bytes but .idx describes {expect}")
+    if len(lengths) and not np.array_equal(pointers, np.concatenate([[0], np.cumsum(lengths[:-1]) * itemsize])):
+        problems.append(f"{prefix}.idx sequence pointers are not contiguous")
+    if len(doc_idx) == 0 or doc_idx[0] != 0 or doc_idx[-1] != len(lengths) or np.any(np.diff(doc_idx) < 0):
+        problems.append(f"{prefix}.idx document indices are inconsistent")
+    return problems
