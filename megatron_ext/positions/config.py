@@ -17,8 +17,17 @@ TAIL_FUNCTIONS = ("sqrt", "beta_2_5")
 MAX_POSITION_LIMIT = 2**24
 
 
+def _show(value: object) -> str:
+    # Floats print like the user wrote them (-1, not -1.0); strings keep their quotes.
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_show(v) for v in value) + ")"
+    return repr(value)
+
+
 def _err(field: str, requirement: str, value: object) -> ValueError:
-    return ValueError(f"positions.{field} must be {requirement} (got {value!r})")
+    return ValueError(f"positions.{field} must be {requirement} (got {_show(value)})")
 
 
 def _choice(field: str, value: object, choices: tuple[str, ...]) -> str:
@@ -120,7 +129,8 @@ class PositionConfig:
         self.alpha_max = _float("alpha_max", self.alpha_max)
         if self.alpha_max < self.alpha_min:
             raise ValueError(
-                f"positions.alpha_max must be >= positions.alpha_min={self.alpha_min} (got {self.alpha_max})"
+                f"positions.alpha_max must be >= positions.alpha_min={_show(self.alpha_min)} "
+                f"(got {_show(self.alpha_max)})"
             )
         self.alpha_distribution = _choice("alpha_distribution", self.alpha_distribution, ALPHA_DISTRIBUTIONS)
         self.alpha_values = _floats("alpha_values", self.alpha_values)
@@ -138,7 +148,7 @@ class PositionConfig:
         if self.curriculum_start_max < self.curriculum_start_min:
             raise ValueError(
                 "positions.curriculum_start_max must be >= positions.curriculum_start_min="
-                f"{self.curriculum_start_min} (got {self.curriculum_start_max})"
+                f"{_show(self.curriculum_start_min)} (got {_show(self.curriculum_start_max)})"
             )
         self.curriculum_fraction = _float("curriculum_fraction", self.curriculum_fraction)
         if not 0.0 <= self.curriculum_fraction <= 1.0:
@@ -178,7 +188,7 @@ class PositionConfig:
         if self.base_max_factor < self.base_min_factor:
             raise ValueError(
                 "positions.base_max_factor must be >= positions.base_min_factor="
-                f"{self.base_min_factor} (got {self.base_max_factor})"
+                f"{_show(self.base_min_factor)} (got {_show(self.base_max_factor)})"
             )
 
         self.max_position = _int("max_position", self.max_position)
@@ -195,7 +205,7 @@ class PositionConfig:
         if self.p_head + self.p_tail > 1.0:
             raise ValueError(
                 "positions.p_head + positions.p_tail must be <= 1 (head and tail warping are "
-                f"exclusive per sample) (got {self.p_head} + {self.p_tail})"
+                f"exclusive per sample) (got {_show(self.p_head)} + {_show(self.p_tail)})"
             )
         self.head_alphas = _floats("head_alphas", self.head_alphas)
         if not all(0 < a <= 1 for a in self.head_alphas):
