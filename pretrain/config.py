@@ -1,0 +1,225 @@
+"""Training configuration: YAML mapped onto dataclasses, `--set key=value` overrides, validation.
+
+Sections mirror Megatron's argument names where Megatron has one (model.num_layers,
+parallel.tensor_model_parallel_size, schedule.global_batch_size, checkpoint.save, ...).
+Everything is validated here, before any process group exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megatron_ext.model import ModelConfig, ParallelConfig, preset
+from megatron_ext.positions import PositionConfig
+from pretrain.engine import OptimizerSettings
+
+REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+@dataclass
+class DataConfig:
+    """Where tokens come from: a data_prep output prefix (its manifest), or synthetic tokens."""
+
+    data_path: str | None = None  # data_prep --output-prefix; shards and manifest are found from it
+    synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
+    num_workers: int = 0
+
+
+@dataclass
+class ScheduleConfig:
+    """Batch sizes and run length. train_iters wins over train_tokens over tokens_per_parameter."""
+
+    micro_batch_size: int = 4
+    global_batch_size: int = 128
+    train_iters: int | None = None
+    train_tokens: int | None = None
+    tokens_per_parameter: float = 20.0  # Chinchilla
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1 or self.global_batch_size < 1:
+            raise ValueError("schedule.micro_batch_size and schedule.global_batch_size must be >= 1")
+        if self.train_iters is not None and self.train_iters < 1:
+            raise ValueError(f"schedule.train_iters must be >= 1 (got {self.train_iters})")
+
+
+@dataclass
+class CheckpointConfig:
+    """Megatron distributed checkpoints: where, how often, how many to keep."""
+
+    save: str | None = None  # run directory; None = runs/<name>
+    save_interval: int = 1000
+    keep_last: int = 3
+    load: str | None = None  # initialise from this checkpoint dir when `save` has none yet
+
+    def __post_init__(self) -> None:
+        if self.save_interval < 1 or self.keep_last < 1:
+            raise ValueError("checkpoint.save_interval and checkpoint.keep_last must be >= 1")
+
+
+@dataclass
+class LoggingConfig:
+    """Console/TensorBoard cadence and validation."""
+
+    log_interval: int = 10
+    eval_interval: int = 500
+    eval_iters: int = 10
+    tensorboard_dir: str | None = None  # None = <save>/tensorboard
+    peak_tflops: float | None = None  # per device, for MFU; None = looked up for known GPUs
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run."""
+
+    name: str = "run"
+    seed: int = 1234
+    preset: str | None = None  # model preset the model section starts from
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    positions: PositionConfig = field(default_factory=PositionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        """Directory holding checkpoints, the resolved config and TensorBoard events."""
+        return Path(self.checkpoint.save or f"runs/{self.name}")
+
+    def train_iters(self) -> int:
+        """Iterations: explicit, or from a token budget (explicit or Chinchilla ratio)."""
+        if self.schedule.train_iters is not None:
+            return self.schedule.train_iters
+        return max(1, math.ceil(self.train_tokens() / self.tokens_per_iteration()))
+
+    def train_tokens(self) -> int:
+        """Token budget of the run."""
+        if self.schedule.train_iters is not None:
+            return self.schedule.train_iters * self.tokens_per_iteration()
+        if self.schedule.train_tokens is not None:
+            return self.schedule.train_tokens
+        return int(self.schedule.tokens_per_parameter * self.model.non_embedding_parameters())
+
+    def tokens_per_iteration(self) -> int:
+        """Tokens consumed by one optimizer step."""
+        return self.schedule.global_batch_size * self.model.seq_length
+
+    def num_microbatches(self, data_parallel_size: int) -> int:
+        """Gradient-accumulation steps per optimizer step on each DP rank."""
+        return self.schedule.global_batch_size // (self.schedule.micro_batch_size * data_parallel_size)
+
+    def validate(self, world_size: int) -> None:
+        """Every check that needs the whole config; raises ValueError naming the fields and the fix."""
+        p = self.parallel
+        p.check_model(self.model)
+        model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+        if world_size % model_parallel:
+            raise ValueError(f"world size {world_size} is not divisible by TP×PP×CP = {model_parallel}; "
+                             "change parallel.* or the number of processes")
+        dp = world_size // model_parallel
+        micro = self.schedule.micro_batch_size * dp
+        if self.schedule.global_batch_size % micro:
+            raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
+                             f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
+        self.positions.validate_for(self.model.seq_length)
+        if not self.data.synthetic:
+            if not self.data.data_path:
+                raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "
+                                 "(e.g. --set data.data_path=data/owt) or set data.synthetic=true")
+            manifest = Path(f"{self.data.data_path}_manifest.json")
+            if not manifest.is_file():
+                raise ValueError(f"data.data_path={self.data.data_path!r}: no manifest at {manifest}; "
+                                 "run `python -m data_prep build --output-prefix ...` first")
+
+
+SECTIONS = {"model": ModelConfig, "parallel": ParallelConfig, "positions": PositionConfig,
+            "data": DataConfig, "optimizer": OptimizerSettings, "schedule": ScheduleConfig,
+            "checkpoint": CheckpointConfig, "logging": LoggingConfig}
+TOP_LEVEL = ("name", "seed", "preset")
+
+
+def _parse_value(text: str) -> Any:
+    """`--set` values are YAML scalars: 1e-3, true, null, [1, 2] all work."""
+    return yaml.safe_load(text)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `section.field=value` strings to a raw config dict (copy)."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected key=value, e.g. --set optimizer.lr=3e-4")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) == 1 and parts[0] in TOP_LEVEL:
+            raw[parts[0]] = _parse_value(value)
+        elif len(parts) == 2 and parts[0] in SECTIONS:
+            raw.setdefault(parts[0], {})[parts[1]] = _parse_value(value)
+        else:
+            raise ValueError(f"--set {key}: unknown key; use one of {', '.join(TOP_LEVEL)} or "
+                             f"<section>.<field> with section in {', '.join(SECTIONS)}")
+    return raw
+
+
+def from_dict(raw: dict) -> TrainConfig:
+    """Build (and field-validate) a TrainConfig from a nested dict."""
+    unknown = set(raw) - set(SECTIONS) - set(TOP_LEVEL)
+    if unknown:
+        raise ValueError(f"unknown config section(s) {sorted(unknown)}; allowed: "
+                         f"{', '.join(TOP_LEVEL + tuple(SECTIONS))}")
+    kwargs: dict[str, Any] = {k: raw[k] for k in TOP_LEVEL if k in raw}
+    for section, cls in SECTIONS.items():
+        values = dict(raw.get(section) or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = set(values) - names
+        if bad:
+            raise ValueError(f"unknown field(s) {sorted(bad)} in section '{section}'; "
+                             f"allowed: {', '.join(sorted(names))}")
+        if section == "model" and raw.get("preset"):
+            kwargs[section] = preset(raw["preset"], **values)
+        else:
+            kwargs[section] = cls(**values)
+    return TrainConfig(**kwargs)
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (or start from defaults) and apply overrides."""
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            candidates = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+            raise ValueError(f"config file {path} not found; shipped configs are in {CONFIG_DIR}: "
+                             f"{', '.join(candidates[:8])}{' ...' if len(candidates) > 8 else ''}")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"config file {path} must hold a mapping of sections")
+    return from_dict(apply_overrides(raw, overrides or []))
+
+
+def to_dict(config: TrainConfig) -> dict:
+    """Plain nested dict (the resolved config; YAML-safe)."""
+    def plain(value):
+        if isinstance(value, tuple):
+            return list(value)
+        return value
+
+    out: dict[str, Any] = {k: getattr(config, k) for k in TOP_LEVEL}
+    for section in SECTIONS:
+        out[section] = {k: plain(v) for k, v in dataclasses.asdict(getattr(config, section)).items()}
+    out["preset"] = None  # the model section is fully resolved already
+    return out
+
+
+def dump(config: TrainConfig) -> str:
+    """The resolved config as YAML."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
