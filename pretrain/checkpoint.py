@@ -101,11 +101,12 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
     final, tmp = iteration_dir(run_dir, iteration), Path(f"{iteration_dir(run_dir, iteration)}.tmp")
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "rng").mkdir(parents=True)
+        tmp.mkdir(parents=True)
     _barrier()
     model_state = engine.model.module.sharded_state_dict()
     state = {"model": model_state, "optimizer": engine.optimizer.sharded_state_dict(model_state)}
     dist_checkpointing.save(state, str(tmp))
+    (tmp / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / "rng" / f"rank_{_rank():05d}.pt")
     _barrier()
     if _rank() == 0:

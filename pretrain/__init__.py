@@ -1,0 +1,1 @@
+"""Training entry, configs, evaluation and export for RoPE position augmentation on Megatron-Core."""

@@ -1,0 +1,31 @@
+"""`python -m pretrain <command>`: train, eval, export-hf, import-hf, demo, reproduce."""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "train": ("pretrain.train", "main", "train a model (YAML config + --set overrides)"),
+    "demo": ("pretrain.demo", "main", "the embedded CPU demo: baseline vs PosAug on a no-download corpus"),
+    "eval": ("pretrain.evaluation", "eval_cli", "per-position loss, cliff, context gain, passkey"),
+    "export-hf": ("pretrain.hf_export", "export_cli", "checkpoint -> Hugging Face Llama directory"),
+    "import-hf": ("pretrain.hf_export", "import_cli", "Hugging Face Llama directory -> checkpoint"),
+    "reproduce": ("pretrain.reproduce", "main", "paper-style comparison at CPU scale"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to a subcommand."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        lines = [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+        print("usage: python -m pretrain <command> [options]\n\ncommands:\n" + "\n".join(lines))
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module_name, function, _ = COMMANDS[argv[0]]
+    import importlib
+
+    return getattr(importlib.import_module(module_name), function)(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

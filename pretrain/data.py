@@ -1,0 +1,91 @@
+"""Training and validation batches: Megatron GPTDatasets over data_prep shards, or synthetic tokens.
+
+Sample order is a pure function of (seed, sample index): the batch of step i on DP rank r is
+samples i·G + r·G/DP … (+G/DP), so resuming at step i needs only i — no loader state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Protocol
+
+import torch
+
+
+class SampleSource(Protocol):
+    """Anything indexable into GPTDataset-style samples."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> dict: ...
+
+
+@dataclass
+class _TokenizerInfo:
+    """What GPTDataset needs of a tokenizer (the manifest has it; no tokenizer library needed)."""
+
+    vocab_size: int
+    eod: int
+    pad: int
+    unique_identifiers: dict
+
+
+class SyntheticTokens:
+    """Uniform random tokens, a fixed function of (seed, index): for smoke runs and tests."""
+
+    def __init__(self, vocab_size: int, seq_length: int, seed: int, size: int) -> None:
+        self.vocab_size, self.seq_length, self.seed, self.size = vocab_size, seq_length, seed, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        tokens = torch.randint(0, self.vocab_size, (self.seq_length + 1,), generator=generator)
+        return {"tokens": tokens[:-1], "labels": tokens[1:], "loss_mask": torch.ones(self.seq_length)}
+
+
+def build_datasets(data_path: str, seq_length: int, seed: int, num_train: int, num_valid: int,
+                   cache_dir: Path) -> tuple[SampleSource, SampleSource | None]:
+    """Megatron GPTDatasets for the train shards and the validation stream of a data_prep build."""
+    from data_prep.manifest import load_manifest
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    manifest = load_manifest(data_path)
+    if manifest.num_tokens <= seq_length:
+        raise ValueError(f"data.data_path={data_path!r} holds only {manifest.num_tokens} training tokens; "
+                         f"need more than model.seq_length={seq_length}")
+    has_valid = manifest.num_valid_tokens > seq_length + 1 and num_valid > 0
+    tokenizer = _TokenizerInfo(vocab_size=manifest.vocab_size, eod=manifest.eod_id, pad=manifest.eod_id,
+                               unique_identifiers={"tokenizer": manifest.tokenizer_path})
+    config = GPTDatasetConfig(
+        random_seed=seed, sequence_length=seq_length,
+        blend_per_split=[(manifest.train_prefixes, None),
+                         ([manifest.valid_prefix], None) if has_valid else None, None],
+        path_to_cache=str(cache_dir), tokenizer=tokenizer, reset_position_ids=False,
+        reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False,
+        # one shuffled copy of the shards per epoch; validation stays in stream order
+        mid_level_dataset_surplus=0.005)
+    train, valid, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, [num_train, num_valid if has_valid else 0, 0], lambda: True, config).build()
+    return train, valid
+
+
+def batches(source: SampleSource, first_sample: int, micro_batch_size: int,
+            num_microbatches: int) -> Iterator[dict]:
+    """`num_microbatches` stacked microbatches starting at sample `first_sample` (wraps around)."""
+    for microbatch in range(num_microbatches):
+        start = first_sample + microbatch * micro_batch_size
+        samples = [source[(start + i) % len(source)] for i in range(micro_batch_size)]
+        yield {key: torch.stack([torch.as_tensor(s[key]) for s in samples])
+               for key in ("tokens", "labels", "loss_mask")}
+
+
+def step_batches(source: SampleSource, step: int, global_batch_size: int, dp_rank: int, dp_size: int,
+                 micro_batch_size: int) -> Iterator[dict]:
+    """This DP rank's microbatches of optimizer step `step`."""
+    per_rank = global_batch_size // dp_size
+    return batches(source, step * global_batch_size + dp_rank * per_rank, micro_batch_size,
+                   per_rank // micro_batch_size)

@@ -1,0 +1,232 @@
+"""`python -m pretrain train`: the training loop (resume, signals, logging, validation, checkpoints)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_ext.positions import build_sampler
+from pretrain import checkpoint, distributed
+from pretrain.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
+from pretrain.data import SyntheticTokens, build_datasets, step_batches
+from pretrain.engine import Engine
+
+log = logging.getLogger("pretrain")
+
+# Dense BF16 peak per device (TFLOP/s), for the MFU estimate.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
+
+
+class StopSignal:
+    """Records SIGTERM/SIGUSR1 (SLURM's pre-timeout signal) so the loop can save and exit."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def any_rank(self) -> bool:
+        """True on every rank if any rank got the signal (ranks must agree to save together)."""
+        flag = torch.tensor([1.0 if self.received else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+class Metrics:
+    """Console line on rank 0, TensorBoard scalars on the last rank (which holds the loss, as in Megatron)."""
+
+    def __init__(self, config: TrainConfig, total_iters: int) -> None:
+        self.total_iters = total_iters
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.writer = None
+        if self.rank == self.world - 1:
+            from torch.utils.tensorboard import SummaryWriter
+
+            tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
+            self.writer = SummaryWriter(log_dir=tb_dir)
+        self.peak = config.logging.peak_tflops or _known_peak_tflops()
+        self.flops_per_token = config.model.flops_per_token()
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Write scalars to TensorBoard (last rank only)."""
+        if self.writer is not None:
+            for name, value in values.items():
+                if value is not None and math.isfinite(value):
+                    self.writer.add_scalar(name, value, step)
+
+    def console(self, text: str) -> None:
+        """One line on rank 0."""
+        if self.rank == 0:
+            print(text, flush=True)
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilisation, when the device peak is known."""
+        if not self.peak:
+            return None
+        return tokens_per_s * self.flops_per_token / (self.peak * 1e12 * self.world)
+
+    def close(self) -> None:
+        """Flush TensorBoard."""
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _known_peak_tflops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
+
+
+def _eta(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def train(config: TrainConfig) -> int:
+    """Run (or resume) training; returns the process exit code (REQUEUE_EXIT_CODE after a signal)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    config.validate(world_size)  # before any process group exists
+    stop = StopSignal()
+    distributed.initialize(config.parallel, config.seed)
+    try:
+        return _train(config, stop)
+    finally:
+        distributed.destroy()
+
+
+def _train(config: TrainConfig, stop: StopSignal) -> int:
+    rank = dist.get_rank()
+    total_iters = config.train_iters()
+    dp_rank, dp_size = distributed.data_parallel_info()
+    num_microbatches = config.num_microbatches(dp_size)
+    run_dir = config.run_dir
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump(config))
+        print(f"resolved config (saved to {run_dir / 'config.yaml'}):\n{dump(config)}", flush=True)
+        print(f"model: {config.model.non_embedding_parameters() / 1e6:.2f}M non-embedding parameters, "
+              f"{config.model.total_parameters(config.parallel.tensor_model_parallel_size) / 1e6:.2f}M total; "
+              f"budget {config.train_tokens():,} tokens = {total_iters:,} iterations × "
+              f"{config.tokens_per_iteration():,} tokens; DP={dp_size}, {num_microbatches} microbatches/step",
+              flush=True)
+    sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=config.model.seq_length,
+                            num_layers=config.model.num_layers, rotary_dim=config.model.rotary_dim,
+                            rotary_base=config.model.rotary_base, total_steps=total_iters)
+    engine = Engine(config.model, config.parallel, config.optimizer, total_iters,
+                    per_sample_positions=sampler.needs_per_sample)
+
+    start = 0
+    if checkpoint.latest_iteration(run_dir) is not None:
+        record = checkpoint.load(run_dir, engine)
+        start = record["iteration"]
+        if rank == 0:
+            print(f"resumed from iteration {start} ({checkpoint.resolve(run_dir)})", flush=True)
+    elif config.checkpoint.load:
+        checkpoint.load(config.checkpoint.load, engine, load_optimizer=False)
+        if rank == 0:
+            print(f"initialised weights from {checkpoint.resolve(config.checkpoint.load)}", flush=True)
+
+    gbs, mbs, seq = config.schedule.global_batch_size, config.schedule.micro_batch_size, config.model.seq_length
+    eval_batches = config.logging.eval_iters
+    if config.data.synthetic:
+        train_data = SyntheticTokens(config.model.vocab_size, seq, config.seed, total_iters * gbs)
+        valid_data = SyntheticTokens(config.model.vocab_size, seq, config.seed + 1, eval_batches * gbs)
+    else:
+        train_data, valid_data = build_datasets(config.data.data_path, seq, config.seed, total_iters * gbs,
+                                                eval_batches * gbs, run_dir / "data_cache")
+
+    def save(iteration: int) -> None:
+        checkpoint.save(run_dir, iteration, engine,
+                        {"config": to_dict(config), "consumed_samples": iteration * gbs},
+                        keep_last=config.checkpoint.keep_last)
+
+    metrics = Metrics(config, total_iters)
+    exit_code = 0
+    window_start, window_steps = time.time(), 0
+    run_start, run_start_step = time.time(), start
+    try:
+        for step in range(start, total_iters):
+            result = engine.train_step(step_batches(train_data, step, gbs, dp_rank, dp_size, mbs),
+                                       sampler, step, num_microbatches, mbs, seq)
+            window_steps += 1
+            done = step + 1
+            if done % config.logging.log_interval == 0 or done == total_iters:
+                elapsed = time.time() - window_start
+                step_time = elapsed / window_steps
+                tokens_per_s = gbs * seq / step_time
+                stats = sampler.stats(sampler.training(step, 0, seq, mbs))
+                mfu = metrics.mfu(tokens_per_s)
+                metrics.scalars(done, {"train/loss": result.loss, "train/lr": result.lr,
+                                       "train/grad_norm": result.grad_norm, "perf/tokens_per_s": tokens_per_s,
+                                       "perf/step_time_s": step_time, "perf/mfu": mfu,
+                                       **{f"positions/{k}": v for k, v in stats.items()}})
+                eta = (time.time() - run_start) / (done - run_start_step) * (total_iters - done)
+                alpha = f" | α {stats['alpha']:.3f}" if "alpha" in stats else ""
+                metrics.console(
+                    f"step {done}/{total_iters} | loss {result.loss:.4f} | lr {result.lr:.2e} | "
+                    f"gnorm {result.grad_norm:.3f}{alpha} | max pos {stats.get('max_position', 0):.0f} | "
+                    f"{tokens_per_s / 1e3:.1f}K tok/s | {step_time:.2f} s/step"
+                    f"{f' | MFU {mfu:.1%}' if mfu is not None else ''} | ETA {_eta(eta)}")
+                window_start, window_steps = time.time(), 0
+            if valid_data is not None and (done % config.logging.eval_interval == 0 or done == total_iters):
+                # the same leading validation batches every time, so the curve is comparable
+                valid = itertools.chain.from_iterable(
+                    step_batches(valid_data, k, gbs, dp_rank, dp_size, mbs) for k in range(eval_batches))
+                valid_loss = engine.evaluate(valid, sampler, num_microbatches * eval_batches, mbs, seq)
+                metrics.scalars(done, {"valid/loss": valid_loss})
+                metrics.console(f"step {done} | validation loss {valid_loss:.4f} (evaluation positions)")
+            if stop.any_rank():
+                save(done)
+                metrics.console(f"received {stop.received or 'a stop signal on another rank'}: saved "
+                                f"iteration {done}, exiting with {REQUEUE_EXIT_CODE} for requeue")
+                exit_code = REQUEUE_EXIT_CODE
+                break
+            if done % config.checkpoint.save_interval == 0 or done == total_iters:
+                save(done)
+        else:
+            if start >= total_iters:
+                metrics.console(f"nothing to do: checkpoint is at iteration {start} of {total_iters}")
+    finally:
+        metrics.close()
+    return exit_code
+
+
+def main(argv: list[str]) -> int:
+    """CLI for `python -m pretrain train`."""
+    import argparse
+
+    from pretrain import config as config_module
+
+    parser = argparse.ArgumentParser(prog="python -m pretrain train",
+                                     description="Train a RoPE GPT on Megatron-Core with a position strategy.")
+    parser.add_argument("--config", help="YAML config, e.g. pretrain/configs/113m_posaug.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field, e.g. --set optimizer.lr=3e-4 (repeatable; several per flag ok)",
+                        nargs="+")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    args = parser.parse_args(argv)
+    overrides = [item for group in args.overrides for item in group]
+    try:
+        config = config_module.load(args.config, overrides)
+        if args.print_config:
+            print(dump(config))
+            print(f"iterations: {config.train_iters()} ({config.train_tokens():,} tokens)")
+            return 0
+        config.validate(int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return train(config)
