@@ -1,0 +1,1 @@
+"""Evaluation of RoPE position strategies: per-position loss, cliff, G(C), passkey, entropy, reports."""

@@ -1,0 +1,376 @@
+"""Two scoring backends behind one interface.
+
+- `HFScorer`: any Hugging Face causal LM with RoPE (and our Megatron checkpoints converted
+  in memory by `pretrain.hf_export.megatron_to_llama`). SDPA attention with `is_causal`, so
+  memory grows linearly with the evaluation length; the LM head runs in chunks so logits
+  are never [L, V] at once. Float evaluation positions go in as `position_ids`; replacement
+  inverse frequencies / YaRN attention factor are written into the rotary module(s) for
+  the duration of a call.
+- `MegatronScorer`: our `FloatPositionGPTModel` directly (the local spec materialises the
+  L×L scores: for small L and for proving the HF path equal).
+
+Both return losses over the tokenizer's vocabulary only (Megatron's padding rows are
+dropped), so the two backends compute the same distribution.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from megatron_ext.positions import PositionConfig, RopePositions, RopeScaling, build_sampler, scaled_inv_freq
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("hf", "megatron")
+HEAD_CHUNK = 1024  # positions per LM-head call (bounds the [chunk, V] logits buffer)
+
+
+@dataclass
+class RunInfo:
+    """What a record needs to know about the evaluated model."""
+
+    name: str
+    train_window: int
+    strategy: str = "none"
+    seed: int | None = None
+    parameters: int | None = None  # non-embedding parameters (Table 1 convention) when known
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Scorer:
+    """A causal LM that returns per-token losses at given RoPE positions."""
+
+    backend: str = ""
+
+    def __init__(self, info: RunInfo, vocab_size: int, rotary_dim: int, rotary_base: float,
+                 positions: PositionConfig | None = None, rope_scaling: RopeScaling | None = None,
+                 num_layers: int = 1) -> None:
+        self.info = info
+        self.vocab_size = int(vocab_size)
+        self.rotary_dim, self.rotary_base = int(rotary_dim), float(rotary_base)
+        self.rope_scaling = rope_scaling
+        config = positions or PositionConfig()
+        # The run's own evaluation rule (alpha = 1, RFS eval positions, warp -> PI, its rope_scaling).
+        self._sampler = build_sampler(config, seed=info.seed or 0, train_seq_len=info.train_window,
+                                      num_layers=num_layers, rotary_dim=self.rotary_dim,
+                                      rotary_base=self.rotary_base, total_steps=1)
+
+    @property
+    def train_window(self) -> int:
+        """The training window w."""
+        return self.info.train_window
+
+    def eval_positions(self, seq_len: int) -> RopePositions:
+        """The run's evaluation positions for seq_len, with the --rope-scaling override on top."""
+        rope = self._sampler.evaluation(seq_len)
+        if self.rope_scaling is None or self.rope_scaling.kind == "none":
+            return rope
+        inv_freq, factor = scaled_inv_freq(self.rotary_dim, self.rotary_base, self.rope_scaling, seq_len)
+        return RopePositions(rope.positions, inv_freq=inv_freq, attention_factor=factor)
+
+    def check_tokens(self, tokens: torch.Tensor) -> None:
+        """Clear error when token ids exceed the model's vocabulary (wrong tokenizer)."""
+        top = int(tokens.max())
+        if top >= self.vocab_size:
+            raise ValueError(f"token id {top} >= the model's vocabulary size {self.vocab_size}: the evaluation "
+                             "data was tokenised with a different tokenizer than the model's")
+
+    # Backends implement these three.
+    def hidden_and_head(self, tokens: torch.Tensor, rope: RopePositions) -> tuple[torch.Tensor, Any]:
+        """Final hidden states [b, s, h] and a callable mapping hidden -> logits over the vocabulary."""
+        raise NotImplementedError
+
+    def attention_entropy(self, tokens: torch.Tensor, rope: RopePositions) -> torch.Tensor:
+        """Per-query attention entropy [b, s], averaged over heads and layers."""
+        raise NotImplementedError
+
+    def kv_cache_losses(self, tokens: torch.Tensor, window: int, chunk: int) -> torch.Tensor:
+        """Per-position loss [b, s-1] under the paper's truncated-KV-cache sliding window."""
+        raise NotImplementedError(f"the {self.backend} backend has no KV-cache path; use --backend hf")
+
+    # Shared on top.
+    @torch.no_grad()
+    def token_losses(self, tokens: torch.Tensor, rope: RopePositions | None = None) -> torch.Tensor:
+        """Loss [b, s-1] of predicting token i+1 from the query at position i (one causal pass)."""
+        self.check_tokens(tokens)
+        rope = self.eval_positions(tokens.shape[1]) if rope is None else rope
+        hidden, head = self.hidden_and_head(tokens, rope)
+        targets = tokens[:, 1:]
+        losses = []
+        for start in range(0, tokens.shape[1] - 1, HEAD_CHUNK):
+            stop = min(start + HEAD_CHUNK, tokens.shape[1] - 1)
+            logits = head(hidden[:, start:stop]).float()
+            losses.append(F.cross_entropy(logits.transpose(1, 2), targets[:, start:stop], reduction="none"))
+        return torch.cat(losses, dim=1)
+
+    @torch.no_grad()
+    def next_token_logits(self, tokens: torch.Tensor, rope: RopePositions | None = None) -> torch.Tensor:
+        """Logits [b, V] for the token after the last one."""
+        self.check_tokens(tokens)
+        rope = self.eval_positions(tokens.shape[1]) if rope is None else rope
+        hidden, head = self.hidden_and_head(tokens, rope)
+        return head(hidden[:, -1:]).float()[:, 0]
+
+
+# --------------------------------------------------------------------------- HF backend
+
+
+def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
+
+
+@contextlib.contextmanager
+def hf_rope(model: torch.nn.Module, rope: RopePositions) -> Iterator[None]:
+    """Temporarily give every rotary module of an HF model rope.inv_freq and rope.attention_factor."""
+    if rope.layer_positions is not None:
+        raise ValueError("per-layer positions cannot be evaluated through an HF model")
+    modules = _rotary_modules(model)
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no rotary module with an inv_freq buffer: not a RoPE model")
+    saved = [(m, m.inv_freq, getattr(m, "attention_scaling", 1.0)) for m in modules]
+    try:
+        for m, inv_freq, scaling in saved:
+            if rope.inv_freq is not None:
+                if rope.inv_freq.numel() != inv_freq.numel():
+                    raise ValueError(f"replacement inv_freq has {rope.inv_freq.numel()} entries; the model's "
+                                     f"rotary module has {inv_freq.numel()}")
+                m.inv_freq = rope.inv_freq.to(device=inv_freq.device, dtype=inv_freq.dtype)
+            if rope.attention_factor != 1.0:
+                m.attention_scaling = scaling * rope.attention_factor
+        yield
+    finally:
+        for m, inv_freq, scaling in saved:
+            m.inv_freq = inv_freq
+            if hasattr(m, "attention_scaling"):
+                m.attention_scaling = scaling
+
+
+class HFScorer(Scorer):
+    """Scores with a transformers causal LM (SDPA, memory linear in L)."""
+
+    backend = "hf"
+
+    def __init__(self, model: torch.nn.Module, info: RunInfo, *, positions: PositionConfig | None = None,
+                 rope_scaling: RopeScaling | None = None, vocab_size: int | None = None) -> None:
+        self.model = model.eval()
+        config = model.config
+        rotary = _rotary_modules(model)
+        if not rotary:
+            raise ValueError(f"{type(model).__name__} has no RoPE (no rotary module with inv_freq)")
+        inv_freq = rotary[0].inv_freq
+        rope_params = getattr(config, "rope_parameters", None) or {}
+        base = rope_params.get("rope_theta", getattr(config, "rope_theta", None))
+        if base is None:  # recover the base from the buffer: inv_freq[1] = base ** (-2 / d)
+            base = float(inv_freq[1].double() ** (-inv_freq.numel()))
+        super().__init__(info, vocab_size or config.vocab_size, 2 * inv_freq.numel(), float(base), positions,
+                         rope_scaling, num_layers=getattr(config, "num_hidden_layers", 1))
+        self.device = next(model.parameters()).device
+
+    def _inputs(self, tokens: torch.Tensor, rope: RopePositions) -> dict:
+        positions = rope.positions.to(self.device, torch.float32)
+        positions = positions[None].expand(tokens.shape[0], -1) if positions.dim() == 1 else positions
+        # An explicit all-ones mask: without it transformers reads non-unit position gaps as
+        # packed sequences; with it SDPA still runs is_causal (no L×L mask is built).
+        return dict(input_ids=tokens.to(self.device), attention_mask=torch.ones_like(tokens, device=self.device),
+                    position_ids=positions, use_cache=False)
+
+    def hidden_and_head(self, tokens, rope):
+        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
+        with hf_rope(self.model, rope):
+            hidden = base(**self._inputs(tokens, rope)).last_hidden_state
+        lm_head = self.model.get_output_embeddings()
+        return hidden, lambda h: lm_head(h)[..., :self.vocab_size]
+
+    @torch.no_grad()
+    def attention_entropy(self, tokens, rope):
+        layers = [m for name, m in self.model.named_modules() if name.endswith("self_attn")]
+        if not layers:
+            raise ValueError(f"{type(self.model).__name__}: no '*.self_attn' modules to read attention from")
+        total = torch.zeros(tokens.shape, dtype=torch.float64)
+
+        def hook(module, args, output):
+            weights = output[1]  # eager attention returns the probabilities [b, h, q, k]
+            total.add_(torch.special.entr(weights.double()).sum(-1).mean(1).cpu())
+            return (output[0], None) + tuple(output[2:])  # drop the L×L tensor at once
+
+        config = self.model.config
+        previous = config._attn_implementation
+        handles = [m.register_forward_hook(hook) for m in layers]
+        try:
+            # Only eager attention exposes the probabilities (this materialises L×L per layer).
+            config._attn_implementation = "eager"
+            with hf_rope(self.model, rope):
+                self.model(**self._inputs(tokens, rope))
+        finally:
+            config._attn_implementation = previous
+            for h in handles:
+                h.remove()
+        return (total / len(layers)).float()
+
+    @torch.no_grad()
+    def kv_cache_losses(self, tokens, window, chunk):
+        from transformers import DynamicCache
+
+        self.check_tokens(tokens)
+        rope = self.eval_positions(window + chunk)
+        lm_head = self.model.get_output_embeddings()
+        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
+        tokens = tokens.to(self.device)
+        cache = DynamicCache(config=self.model.config)
+        pieces = []
+        with hf_rope(self.model, rope):
+            for start in range(0, tokens.shape[1], chunk):
+                piece = tokens[:, start:start + chunk]
+                past = cache.get_seq_length()
+                # Paper §3: the RoPE offset restarts at the cache size (<= window).
+                offsets = rope.positions[past:past + piece.shape[1]].to(self.device)
+                hidden = base(input_ids=piece, position_ids=offsets[None].expand(piece.shape[0], -1),
+                              past_key_values=cache, use_cache=True).last_hidden_state
+                pieces.append(lm_head(hidden)[..., :self.vocab_size].float())
+                _keep_last(cache, window)
+        logits = torch.cat(pieces, dim=1)[:, :-1]
+        return F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none").cpu()
+
+
+def _keep_last(cache, window: int) -> None:
+    """Truncate every layer of a DynamicCache to its most recent `window` entries."""
+    for layer in cache.layers:
+        if layer.keys is not None and layer.keys.shape[-2] > window:
+            layer.keys = layer.keys[..., -window:, :]
+            layer.values = layer.values[..., -window:, :]
+
+
+# --------------------------------------------------------------------- Megatron backend
+
+
+class MegatronScorer(Scorer):
+    """Scores with FloatPositionGPTModel (TP=PP=1, this process); materialises L×L scores."""
+
+    backend = "megatron"
+
+    def __init__(self, model: torch.nn.Module, model_config, info: RunInfo, *,
+                 positions: PositionConfig | None = None, rope_scaling: RopeScaling | None = None) -> None:
+        self.model = model.eval()
+        self.model_config = model_config
+        super().__init__(info, model_config.vocab_size, model_config.rotary_dim, model_config.rotary_base,
+                         positions, rope_scaling, num_layers=model_config.num_layers)
+        self.device = next(model.parameters()).device
+
+    def _rope(self, rope: RopePositions) -> RopePositions:
+        def move(t):
+            return None if t is None else t.to(self.device)
+        return RopePositions(move(rope.positions), move(rope.layer_positions), move(rope.inv_freq),
+                             rope.attention_factor)
+
+    def hidden_and_head(self, tokens, rope):
+        # Megatron fuses the head into forward; logits come back whole ([b, s, V_padded]).
+        logits = self.model(tokens.to(self.device), self._rope(rope), None)
+        return logits, lambda h: h[..., :self.vocab_size]
+
+    @torch.no_grad()
+    def attention_entropy(self, tokens, rope):
+        cores = [m for m in self.model.modules() if hasattr(m, "attention_dropout") and hasattr(m, "softmax_scale")]
+        total = torch.zeros(tokens.shape, dtype=torch.float64)
+
+        def hook(module, args, output):  # dropout's output: the probabilities [b, h, q, k]
+            total.add_(torch.special.entr(output.double()).sum(-1).mean(1).cpu())
+
+        handles = [m.attention_dropout.register_forward_hook(hook) for m in cores]
+        try:
+            self.model(tokens.to(self.device), self._rope(rope), None)
+        finally:
+            for h in handles:
+                h.remove()
+        return (total / len(cores)).float()
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def is_megatron_checkpoint(path: str | Path) -> bool:
+    """True for a run directory or iter_* directory written by our trainer."""
+    from pretrain import checkpoint
+
+    try:
+        checkpoint.resolve(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _scaling(kind: str | None, factor: float | None, window: int) -> RopeScaling | None:
+    if kind is None or kind == "none":
+        if factor is not None:
+            raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn")
+        return None
+    return RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=window)
+
+
+def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | None = None,
+                rope_scaling: str | None = None, factor: float | None = None, name: str | None = None,
+                device: str | torch.device = "cpu") -> Scorer:
+    """A scorer for a Megatron checkpoint (run dir or iter_*) or an HF model directory."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} (got {backend!r})")
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"{source}: no such checkpoint or model directory")
+    if is_megatron_checkpoint(path):
+        from pretrain.checkpoint import load_for_inference, read_train_state
+
+        model, config = load_for_inference(path)
+        window = config.model.seq_length
+        if train_window is not None and train_window != window:
+            raise ValueError(f"--train-window {train_window} contradicts the checkpoint's "
+                             f"model.seq_length={window}; drop the flag for Megatron checkpoints")
+        iteration = read_train_state(path).get("iteration")
+        info = RunInfo(name=name or config.name, train_window=window, strategy=config.positions.strategy,
+                       seed=config.seed, parameters=config.model.non_embedding_parameters(), source=str(path),
+                       extra={"iteration": iteration, "positions": _plain(config.positions),
+                              "data_path": config.data.data_path})
+        scaling = _scaling(rope_scaling, factor, window)
+        if backend == "megatron":
+            return MegatronScorer(model.to(device), config.model, info, positions=config.positions,
+                                  rope_scaling=scaling)
+        from pretrain.hf_export import megatron_to_llama
+
+        hf = megatron_to_llama(model, config.model, vocab_size=config.model.vocab_size).to(device)
+        return HFScorer(hf, info, positions=config.positions, rope_scaling=scaling)
+    if backend == "megatron":
+        raise ValueError(f"{source} is not a Megatron checkpoint (no latest_checkpointed_iteration.txt or "
+                         "train_state.json); the megatron backend reads only our trainer's checkpoints")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{source}: neither a Megatron checkpoint nor an HF model directory (no config.json)")
+    if train_window is None:
+        raise ValueError(f"{source} is an HF model: pass --train-window (its training context length w; "
+                         "cliff and entropy split positions at w)")
+    from transformers import AutoModelForCausalLM
+
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa")
+    except Exception as error:  # noqa: BLE001 - re-raised with the path and the likely cause
+        raise ValueError(f"{source}: transformers could not load a causal LM from it: {error}") from error
+    info = RunInfo(name=name or path.name, train_window=train_window, source=str(path),
+                   parameters=_hf_non_embedding(hf))
+    return HFScorer(hf.to(device), info, rope_scaling=_scaling(rope_scaling, factor, train_window))
+
+
+def _plain(config) -> dict:
+    import dataclasses
+
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()}
+
+
+def _hf_non_embedding(model: torch.nn.Module) -> int:
+    embeddings = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+                  for p in m.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+
