@@ -99,7 +99,7 @@ class TrainConfig:
         """Iterations: explicit, or from a token budget (explicit or Chinchilla ratio)."""
         if self.schedule.train_iters is not None:
             return self.schedule.train_iters
-        return max(1, math.ceil(self.train_tokens() / self.tokens_per_iteration()))
+        return max(1, self.train_tokens() // self.tokens_per_iteration())  # Table 16 rounds down
 
     def train_tokens(self) -> int:
         """Token budget of the run."""
@@ -149,7 +149,13 @@ TOP_LEVEL = ("name", "seed", "preset")
 
 def _parse_value(text: str) -> Any:
     """`--set` values are YAML scalars: 1e-3, true, null, [1, 2] all work."""
-    return yaml.safe_load(text)
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads "3e-4" (no dot) as a string
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -170,6 +176,17 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+def _coerce(section: str, spec: dataclasses.Field, value: Any) -> Any:
+    """Numbers written as strings ('3e-4' in YAML 1.1) become numbers; anything else passes through."""
+    kind = str(spec.type)
+    if isinstance(value, str) and ("float" in kind or "int" in kind) and "str" not in kind:
+        try:
+            return float(value) if "float" in kind else int(value)
+        except ValueError:
+            raise ValueError(f"{section}.{spec.name} must be a number (got {value!r})") from None
+    return value
+
+
 def from_dict(raw: dict) -> TrainConfig:
     """Build (and field-validate) a TrainConfig from a nested dict."""
     unknown = set(raw) - set(SECTIONS) - set(TOP_LEVEL)
@@ -184,6 +201,8 @@ def from_dict(raw: dict) -> TrainConfig:
         if bad:
             raise ValueError(f"unknown field(s) {sorted(bad)} in section '{section}'; "
                              f"allowed: {', '.join(sorted(names))}")
+        values = {name: _coerce(section, f, values[name]) for name, f in
+                  ((f.name, f) for f in dataclasses.fields(cls)) if name in values}
         if section == "model" and raw.get("preset"):
             kwargs[section] = preset(raw["preset"], **values)
         else:

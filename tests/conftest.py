@@ -31,3 +31,49 @@ def run_torchrun(script: str, nproc: int, *args: str, timeout: float = 300) -> l
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory) -> str:
+    """data_prep output prefix of a small real-text corpus (the embedded one), 512-token SentencePiece."""
+    from data_prep.cli import main as data_prep
+
+    root = tmp_path_factory.mktemp("tiny_data")
+    assert data_prep(["embedded-corpus", "--output", str(root / "corpus"), "--max-bytes", "400000"]) == 0
+    assert data_prep(["train-tokenizer", "--input", str(root / "corpus"), "--output", str(root / "tok"),
+                      "--kind", "sentencepiece-bpe", "--vocab-size", "512"]) == 0
+    prefix = str(root / "shards" / "tiny")
+    assert data_prep(["build", "--input", str(root / "corpus"), "--tokenizer", str(root / "tok"),
+                      "--output-prefix", prefix, "--num-shards", "2", "--valid-fraction", "0.1",
+                      "--no-progress"]) == 0
+    return prefix
+
+
+TINY_TRAIN = ["preset=tiny", "model.vocab_size=512", "schedule.global_batch_size=8", "schedule.micro_batch_size=2",
+              "optimizer.lr=3e-3", "optimizer.min_lr=3e-4", "optimizer.lr_warmup_iters=2",
+              "logging.log_interval=1", "logging.eval_interval=4", "logging.eval_iters=1"]
+
+
+def run_train(overrides: list[str], nproc: int = 1, timeout: float = 300, check: bool = True):
+    """`python -m pretrain train --set ...` (under torchrun when nproc > 1); returns the CompletedProcess."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                 "-m", "pretrain"] if nproc > 1 else [sys.executable, "-m", "pretrain"])
+    proc = subprocess.run([*launcher, "train", "--set", *overrides], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def tensorboard_scalars(run_dir, tag: str) -> dict[int, float]:
+    """{step: value} of one scalar across every event file of a run (later files win)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values: dict[int, float] = {}
+    for events in sorted(Path(run_dir, "tensorboard").glob("events.out.tfevents.*"), key=os.path.getmtime):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        if tag in accumulator.Tags()["scalars"]:
+            values.update({e.step: e.value for e in accumulator.Scalars(tag)})
+    return values
