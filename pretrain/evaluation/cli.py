@@ -1,0 +1,225 @@
+"""`python -m pretrain eval run|report ...` and the `evaluate` API behind it."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from . import metrics, passkey as retrieval, report
+from .data import TokenStream, eval_spans, load_stream
+from .scorers import BACKENDS, Scorer, load_scorer
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans: int, *,
+             batch_size: int | None = None, in_start: int | None = None, gain_contexts: list[int] | None = None,
+             gain_window: int = 512, gain_method: str = "exact", kv_chunk: int | None = None,
+             passkey_lengths: list[int] | None = None, passkey_n: int = 100, ruler_lengths: list[int] | None = None,
+             ruler_n: int = 50, tokenizer=None, entropy_spans: int = 0, label: str | None = None,
+             seed: int = 0, progress: bool = False) -> dict:
+    """Run the requested evaluations on one model; returns the JSON-ready record."""
+    info = scorer.info
+    rope = scorer.rope_scaling
+    record: dict = {
+        "run": info.name, "label": label or report.default_label(info.name), "seed": info.seed,
+        "strategy": info.strategy, "parameters": info.parameters, "train_window": info.train_window,
+        "source": info.source, "backend": scorer.backend, "run_info": info.extra,
+        "data": stream.source, "num_spans": num_spans,
+        "rope_scaling": None if rope is None else rope.kind, "rope_scaling_factor": None if rope is None else rope.factor,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "lengths": {},
+    }
+    w = info.train_window
+    for length in lengths:
+        spans = eval_spans(stream, num_spans, length)
+        losses = metrics.per_position_loss(scorer, spans, batch_size=batch_size, progress=progress)
+        curve = losses.double().mean(0)
+        entry = {"loss": curve.mean().item(), "curve": [round(v, 6) for v in curve.tolist()]}
+        if length > w + 1:
+            entry["cliff"] = metrics.cliff(losses, w, in_start=in_start)
+        record["lengths"][str(length)] = entry
+    if gain_contexts:
+        spans = eval_spans(stream, num_spans, max(gain_contexts))
+        record["context_gain"] = metrics.context_gain(
+            scorer, spans, gain_contexts, window=gain_window, method=gain_method, chunk=kv_chunk,
+            batch_size=batch_size, progress=progress)
+    if entropy_spans:
+        length = max(lengths)
+        record["entropy"] = dict(metrics.attention_entropy_ratio(
+            scorer, eval_spans(stream, entropy_spans, length), progress=progress), length=length, spans=entropy_spans)
+    for task, task_lengths, n, fn in (("passkey", passkey_lengths, passkey_n, retrieval.passkey),
+                                     ("ruler_niah", ruler_lengths, ruler_n, retrieval.ruler_niah)):
+        if task_lengths:
+            if tokenizer is None:
+                raise ValueError(f"{task} needs a tokenizer: pass --tokenizer")
+            record[task] = {str(L): fn(scorer, tokenizer, L, n, seed=seed, progress=progress) for L in task_lengths}
+    return record
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(float(v)) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pretrain eval",
+                                     description="Evaluate RoPE position strategies (PosAug paper §3).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="evaluate one model; writes a JSON record")
+    run.add_argument("model", help="Megatron run dir / iter_* dir from `pretrain train`, or an HF model dir")
+    run.add_argument("--data", required=True,
+                     help="data_prep output prefix (its validation split), a .bin/.idx prefix, or a .txt/.jsonl file")
+    run.add_argument("--tokenizer", help="tokenizer for text data and passkey (default: the data's/model's)")
+    run.add_argument("--text-key", default="text", help="JSONL field holding the text (default: text)")
+    run.add_argument("--lengths", type=_ints, default=[], help="L_eval values, e.g. 2048,8192,16384")
+    run.add_argument("--num-spans", type=int, default=20, help="spans per length (paper: 20)")
+    run.add_argument("--backend", choices=BACKENDS, default="hf",
+                     help="hf: SDPA, memory linear in L (default); megatron: FloatPositionGPTModel directly")
+    run.add_argument("--train-window", type=int, help="training window w (required for HF dirs)")
+    run.add_argument("--rope-scaling", choices=("none", "pi", "ntk", "dynamic_ntk", "yarn"),
+                     help="inference-time RoPE transform on top of the run's evaluation positions")
+    run.add_argument("--factor", type=float, help="rope scaling factor (default: L_eval / w)")
+    run.add_argument("--batch-size", type=int, help="spans per forward pass (default: from --max-batch-tokens)")
+    run.add_argument("--max-batch-tokens", type=int, default=16384, help="token budget per forward pass")
+    run.add_argument("--in-start", type=int, help="first in-distribution position of the cliff (default 64)")
+    run.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
+    run.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
+    run.add_argument("--gain-method", choices=metrics.GAIN_METHODS, default="exact",
+                     help="exact: each target sees exactly the previous window tokens; kv_cache: the "
+                          "paper's truncated KV cache with RoPE offset reset (hf backend)")
+    run.add_argument("--kv-chunk", type=int, help="tokens per step of the kv_cache method (default: window)")
+    run.add_argument("--passkey-lengths", type=_ints, default=[], help="prompt lengths for passkey retrieval")
+    run.add_argument("--passkey-n", type=int, default=100, help="passkey examples per length (paper: 100)")
+    run.add_argument("--ruler-lengths", type=_ints, default=[], help="prompt lengths for RULER single needle")
+    run.add_argument("--ruler-n", type=int, default=50, help="RULER examples per length (paper: 50)")
+    run.add_argument("--entropy-spans", type=int, default=0,
+                     help="spans (at the largest L) for the attention entropy ratio; 0 = skip")
+    run.add_argument("--name", help="run name in the record (default: the config's name / directory name)")
+    run.add_argument("--label", help="group label for tables (default: name without a seed suffix)")
+    run.add_argument("--seed", type=int, default=0, help="seed of passkey/RULER example generation")
+    run.add_argument("--allow-tokenizer-mismatch", action="store_true",
+                     help="evaluate even if the data's tokenizer differs from the run's")
+    run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    run.add_argument("--out", default="eval_results", help="directory for the JSON record")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
+    rep.add_argument("records", nargs="+", help="record JSON files or directories of them")
+    rep.add_argument("--out", default="eval_report", help="output directory")
+    rep.add_argument("--baseline", help="label of the baseline run (adds in-distribution penalty)")
+    rep.add_argument("--length", type=int, help="L_eval for the loss-curve and cliff-vs-size plots (default: largest)")
+    return parser
+
+
+def _tokenizer_for(args, stream: TokenStream, scorer: Scorer):
+    """The tokenizer to decode/encode prompts with, checked against the data's and the run's."""
+    from data_prep.tokenizers import load_tokenizer
+
+    run_manifest = _run_manifest(scorer)
+    candidates = [args.tokenizer, stream.tokenizer_path, run_manifest and run_manifest.tokenizer_path]
+    if scorer.backend == "hf" and os.path.isfile(os.path.join(scorer.info.source, "tokenizer.json")):
+        candidates.append(os.path.join(scorer.info.source, "tokenizer.json"))
+    path = next((c for c in candidates if c), None)
+    tokenizer = load_tokenizer(path) if path else None
+    if tokenizer is not None and tokenizer.vocab_size > scorer.vocab_size:
+        raise ValueError(f"tokenizer {path} has {tokenizer.vocab_size} tokens but the model only "
+                         f"{scorer.vocab_size}: the model was not trained with this tokenizer")
+    if run_manifest is not None and not args.allow_tokenizer_mismatch:
+        expected = run_manifest.raw.get("tokenizer", {}).get("sha256")
+        for what, sha in (("evaluation data", stream.tokenizer_sha256),
+                          ("--tokenizer", tokenizer.sha256 if tokenizer is not None and args.tokenizer else None)):
+            if expected and sha and sha != expected:
+                raise ValueError(f"the {what} was tokenised with a different tokenizer (sha256 {sha[:12]}) than "
+                                 f"the run was trained with ({run_manifest.tokenizer_path}, sha256 {expected[:12]}); "
+                                 "pass --allow-tokenizer-mismatch to evaluate anyway")
+    return tokenizer
+
+
+def _run_manifest(scorer: Scorer):
+    from data_prep.manifest import load_manifest, manifest_path
+
+    data_path = scorer.info.extra.get("data_path")
+    if data_path and os.path.isfile(manifest_path(data_path)):
+        return load_manifest(data_path)
+    return None
+
+
+def _run(args) -> int:
+    scorer = load_scorer(args.model, backend=args.backend, train_window=args.train_window,
+                         rope_scaling=args.rope_scaling, factor=args.factor, name=args.name, device=args.device)
+    if not (args.lengths or args.context_gain or args.passkey_lengths or args.ruler_lengths):
+        raise ValueError("nothing to evaluate: pass --lengths and/or --context-gain, --passkey-lengths, --ruler-lengths")
+    tokenizer_path = args.tokenizer
+    if tokenizer_path is None and scorer.backend == "hf" and (Path(args.model) / "config.json").is_file():
+        tokenizer_path = args.model  # an HF directory usually ships its tokenizer
+    stream = load_stream(args.data, tokenizer_path, text_key=args.text_key)
+    if stream.vocab_size is not None and stream.vocab_size > scorer.vocab_size:
+        raise ValueError(f"the data's tokenizer has {stream.vocab_size} tokens, the model {scorer.vocab_size}: "
+                         "they do not match")
+    tokenizer = _tokenizer_for(args, stream, scorer) if (args.passkey_lengths or args.ruler_lengths
+                                                         or _run_manifest(scorer)) else None
+    batch_size = args.batch_size
+    record = evaluate(
+        scorer, stream, args.lengths, args.num_spans,
+        batch_size=batch_size, in_start=args.in_start, gain_contexts=args.context_gain,
+        gain_window=args.gain_window, gain_method=args.gain_method, kv_chunk=args.kv_chunk,
+        passkey_lengths=args.passkey_lengths, passkey_n=args.passkey_n, ruler_lengths=args.ruler_lengths,
+        ruler_n=args.ruler_n, tokenizer=tokenizer, entropy_spans=args.entropy_spans, label=args.label,
+        seed=args.seed, progress=not args.no_progress)
+    if batch_size is None:
+        record["max_batch_tokens"] = args.max_batch_tokens
+    suffix = f"_{record['rope_scaling']}" if record["rope_scaling"] else ""
+    path = report.write_record(record, Path(args.out) / f"{record['run']}{suffix}.json")
+    for length, entry in record["lengths"].items():
+        cliff = entry.get("cliff")
+        extra = f"  cliff {cliff['cliff']:+.4f} (in {cliff['in_dist']:.4f}, ood {cliff['ood']:.4f})" if cliff else ""
+        print(f"L={length}: loss {entry['loss']:.4f}{extra}")
+    if record.get("context_gain"):
+        g = record["context_gain"]
+        print(f"G(C) [{g['method']}, window {g['window']}]: "
+              + ", ".join(f"G({c})={v:+.4f}" for c, v in g["values"].items()))
+    for task in ("passkey", "ruler_niah"):
+        for length, entry in (record.get(task) or {}).items():
+            print(f"{task}@{length}: {entry['accuracy']:.3f} (n={entry['n']})")
+    if record.get("entropy"):
+        print(f"attention entropy ratio (ood/in): {record['entropy']['ratio']:.4f}")
+    print(f"wrote {path}")
+    return 0
+
+
+def _report(args) -> int:
+    records = report.load_records(args.records)
+    rows = report.aggregate(records, baseline=args.baseline)
+    out = Path(args.out)
+    report.write_csv(rows, out / "summary.csv")
+    (out / "summary.md").write_text(report.markdown_table(rows))
+    report.plot_loss_curves(records, out / "loss_curves.png", length=args.length)
+    if any(r.get("context_gain") for r in records):
+        report.plot_context_gain(records, out / "context_gain.png")
+    report.plot_cliff_vs_size(records, out / "cliff_vs_size.png", length=args.length)
+    print(report.markdown_table(rows), end="")
+    print(f"wrote {out}/summary.csv, summary.md and plots")
+    return 0
+
+
+def eval_cli(argv: list[str]) -> int:
+    """Entry point of `python -m pretrain eval`; returns the exit code."""
+    argv = list(argv)
+    if argv and argv[0] not in ("run", "report", "-h", "--help"):
+        argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return _run(args) if args.command == "run" else _report(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

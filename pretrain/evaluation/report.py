@@ -1,0 +1,248 @@
+"""JSON records per (run, eval), mean ± std tables over seeds, and matplotlib plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on clusters
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def default_label(run_name: str) -> str:
+    """Group key of a run: its name without a trailing seed suffix (_s42, -seed137, _2024)."""
+    return re.sub(r"([_-](s|seed)?\d+)$", "", run_name) or run_name
+
+
+def write_record(record: dict, path: str | Path) -> Path:
+    """Write one JSON record (parents created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=_json_default))
+    return path
+
+
+def _json_default(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def load_records(paths: Iterable[str | Path]) -> list[dict]:
+    """Records from JSON files and/or directories of them (*.json, recursively)."""
+    records = []
+    for p in paths:
+        p = Path(p)
+        files = sorted(p.rglob("*.json")) if p.is_dir() else [p]
+        for f in files:
+            data = json.loads(f.read_text())
+            if isinstance(data, dict) and "run" in data and "lengths" in data:
+                records.append(data)
+    if not records:
+        raise ValueError(f"no evaluation records found in {list(paths)}")
+    return records
+
+
+def record_metrics(record: dict) -> dict[str, float]:
+    """Flat scalar metrics of one record: loss/in_dist/ood/cliff per L, G per C, retrieval, entropy."""
+    out: dict[str, float] = {}
+    for length, entry in sorted(record.get("lengths", {}).items(), key=lambda kv: int(kv[0])):
+        out[f"loss@{length}"] = entry["loss"]
+        if entry.get("cliff"):
+            for key in ("in_dist", "ood", "cliff"):
+                out[f"{key}@{length}"] = entry["cliff"][key]
+    gain = record.get("context_gain")
+    if gain:
+        for c, value in sorted(gain["values"].items(), key=lambda kv: int(kv[0])):
+            out[f"G({c})"] = value
+    for task in ("passkey", "ruler_niah"):
+        for length, entry in sorted((record.get(task) or {}).items(), key=lambda kv: int(kv[0])):
+            out[f"{task}@{length}"] = entry["accuracy"]
+    if record.get("entropy"):
+        out["entropy_ratio"] = record["entropy"]["ratio"]
+    return out
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
+    """One row per label: n, parameters, and {metric: (mean, sample std over seeds)}.
+
+    With a baseline label, adds penalty@L = relative increase of in-distribution loss over
+    the baseline's mean in-distribution loss at the same L (the paper's in-distribution penalty).
+    """
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[r.get("label") or default_label(r["run"])].append(r)
+    if baseline is not None and baseline not in groups:
+        raise ValueError(f"baseline {baseline!r} is not among the runs' labels {sorted(groups)}")
+    base_in = {}
+    if baseline is not None:
+        for key, (mean, _) in ((k, _mean_std([record_metrics(r).get(k) for r in groups[baseline]]))
+                               for k in {k for r in groups[baseline] for k in record_metrics(r)}
+                               if k.startswith("in_dist@")):
+            base_in[key.split("@")[1]] = mean
+    rows = []
+    for label, runs in groups.items():
+        per_run = [record_metrics(r) for r in runs]
+        for m in per_run:
+            for length, base in base_in.items():
+                if f"in_dist@{length}" in m:
+                    m[f"penalty@{length}"] = (m[f"in_dist@{length}"] - base) / base
+        keys = list(dict.fromkeys(k for m in per_run for k in m))
+        rows.append({"label": label, "n": len(runs), "seeds": [r.get("seed") for r in runs],
+                     "parameters": runs[0].get("parameters"), "strategy": runs[0].get("strategy"),
+                     "train_window": runs[0].get("train_window"),
+                     "metrics": {k: _mean_std([m.get(k) for m in per_run]) for k in keys}})
+    return rows
+
+
+def _fmt(mean: float, std: float, digits: int = 3) -> str:
+    if not math.isfinite(mean):
+        return "—"
+    return f"{mean:.{digits}f}" if not math.isfinite(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _metric_keys(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(k for row in rows for k in row["metrics"]))
+
+
+def write_csv(rows: list[dict], path: str | Path) -> Path:
+    """CSV with label, n, parameters and <metric>_mean / <metric>_std columns."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = _metric_keys(rows)
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["label", "n", "parameters"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")])
+        for row in rows:
+            values = []
+            for k in keys:
+                mean, std = row["metrics"].get(k, (math.nan, math.nan))
+                values += [mean, std]
+            writer.writerow([row["label"], row["n"], row["parameters"]] + values)
+    return path
+
+
+def markdown_table(rows: list[dict], metrics: list[str] | None = None) -> str:
+    """Markdown table (mean ± std over seeds), paper Table 2/3 style."""
+    keys = metrics or _metric_keys(rows)
+    lines = ["| run | n | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for row in rows:
+        cells = [_fmt(*row["metrics"].get(k, (math.nan, math.nan))) for k in keys]
+        lines.append(f"| {row['label']} | {row['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _by_label(records: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[r.get("label") or default_label(r["run"])].append(r)
+    return groups
+
+
+def _moving_average(values: list[float], width: int) -> list[float]:
+    if width <= 1:
+        return values
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= width:
+            acc -= values[i - width]
+        out.append(acc / min(i + 1, width))
+    return out
+
+
+def plot_loss_curves(records: list[dict], path: str | Path, *, length: int | None = None,
+                     smooth: int | None = None) -> Path:
+    """Per-position loss (mean over seeds) against target position, training window marked."""
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    windows = set()
+    for label, runs in _by_label(records).items():
+        lengths = sorted({int(k) for r in runs for k in r["lengths"]})
+        key = str(length or lengths[-1])
+        curves = [r["lengths"][key]["curve"] for r in runs if key in r["lengths"]]
+        if not curves:
+            continue
+        mean = [statistics.fmean(v) for v in zip(*curves)]
+        width = smooth or max(1, len(mean) // 100)
+        ax.plot(range(1, len(mean) + 1), _moving_average(mean, width), label=f"{label} (n={len(curves)})")
+        windows.add(runs[0]["train_window"])
+    for w in windows:
+        ax.axvline(w, color="gray", linestyle="--", linewidth=1)
+        ax.annotate(f"w={w}", (w, 1), xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8)
+    ax.set_xlabel("position")
+    ax.set_ylabel("loss (nats)")
+    ax.set_title("Per-position loss")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_context_gain(records: list[dict], path: str | Path) -> Path:
+    """G(C) against C (mean ± std over seeds) per label."""
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    methods = set()
+    for label, runs in _by_label(records).items():
+        gains = [r["context_gain"] for r in runs if r.get("context_gain")]
+        if not gains:
+            continue
+        methods.add(f"{gains[0]['method']}, window {gains[0]['window']}")
+        cs = sorted({int(c) for g in gains for c in g["values"]})
+        stats = [_mean_std([g["values"].get(str(c), g["values"].get(c)) for g in gains]) for c in cs]
+        ax.errorbar(cs, [m for m, _ in stats], yerr=[0 if not math.isfinite(s) else s for _, s in stats],
+                    marker="o", capsize=3, label=label)
+    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context C")
+    ax.set_ylabel("G(C) (nats)")
+    ax.set_title("Context gain" + (f" ({'; '.join(sorted(methods))})" if methods else ""))
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_cliff_vs_size(records: list[dict], path: str | Path, *, length: int | None = None) -> Path:
+    """Cliff (mean ± std over seeds) against non-embedding parameters, one line per strategy."""
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    series: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for label, runs in _by_label(records).items():
+        key = str(length) if length else str(max(int(k) for r in runs for k in r["lengths"]))
+        cliffs = [r["lengths"][key]["cliff"]["cliff"] for r in runs
+                  if key in r["lengths"] and r["lengths"][key].get("cliff")]
+        if cliffs and runs[0].get("parameters"):
+            mean, std = _mean_std(cliffs)
+            series[runs[0].get("strategy") or label].append((runs[0]["parameters"], mean, std))
+    for strategy, points in series.items():
+        points.sort()
+        ax.errorbar([p for p, _, _ in points], [m for _, m, _ in points],
+                    yerr=[0 if not math.isfinite(s) else s for _, _, s in points], marker="o", capsize=3,
+                    label=strategy)
+    ax.set_xscale("log")
+    ax.set_xlabel("non-embedding parameters")
+    ax.set_ylabel("cliff (nats)")
+    ax.set_title("Cliff vs model size")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
