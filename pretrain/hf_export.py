@@ -595,8 +595,9 @@ def import_hf(hf_dir: str | Path, output: str | Path, *, tensor_parallel: int = 
             raise RuntimeError(f"the process groups are TP={ps.get_tensor_model_parallel_world_size()}/"
                                f"PP={ps.get_pipeline_model_parallel_world_size()}, not the requested "
                                f"TP={tensor_parallel}/PP={pipeline_parallel}")
+        _check_output(output, overwrite)  # on every rank, so none waits at a barrier for a failed one
+        dist.barrier()
         if dist.get_rank() == 0:
-            _check_output(output, overwrite)
             if output.exists() and overwrite:
                 shutil.rmtree(output)
             output.mkdir(parents=True, exist_ok=True)
