@@ -252,7 +252,6 @@ def hf_tokenizer(tokenizer):
         rust = sentencepiece_to_tokenizers(tokenizer.path)
     else:
         rust = RustTokenizer.from_str(tokenizer._tok.to_str())
-    eos = tokenizer.decode([tokenizer.eod]) if tokenizer.kind == "sentencepiece" else rust.id_to_token(tokenizer.eod)
     if tokenizer.kind == "sentencepiece":
         import sentencepiece as spm
 
@@ -262,7 +261,7 @@ def hf_tokenizer(tokenizer):
         bos = sp.id_to_piece(sp.bos_id()) if sp.bos_id() >= 0 else eos
         unk = sp.id_to_piece(sp.unk_id()) if sp.unk_id() >= 0 else None
     else:
-        pad = rust.id_to_token(tokenizer.pad)
+        eos, pad = rust.id_to_token(tokenizer.eod), rust.id_to_token(tokenizer.pad)
         bos, unk = eos, None  # GPT-2 convention: <|endoftext|> is bos and eos
     # Our encoder adds no special tokens; no post-processor keeps HF the same.
     # Our SentencePiece and GPT-2 encoders read a literal "</s>" / "<|endoftext|>" in text as
