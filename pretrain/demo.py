@@ -1,0 +1,36 @@
+"""`python -m pretrain demo`: the README's main job — baseline vs PosAug on CPU, no download.
+
+Builds a corpus from the Python standard library's own text, trains a SentencePiece
+tokenizer on it, tokenises it into Megatron shards, trains a ~1.4M-parameter baseline and a
+PosAug U[1/8, 8] model (w = 64) through Megatron-Core, evaluates both at 8w on 400
+validation spans, and prints in-distribution loss, loss beyond the window and the cliff,
+with the paired per-span cliff difference. About 10 minutes on 2 cores; rerunning reuses
+finished steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+from pretrain import reproduce
+
+
+def main(argv: list[str]) -> int:
+    """CLI for `python -m pretrain demo`."""
+    parser = argparse.ArgumentParser(prog="python -m pretrain demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--output", default="demo_out", help="working directory (resumable)")
+    parser.add_argument("--preset", default="cpu-small", choices=sorted(reproduce.PRESETS))
+    args = parser.parse_args(argv)
+    preset = copy.deepcopy(reproduce.PRESETS[args.preset])
+    preset.methods, preset.inference = ["baseline", "posaug"], []
+    reproduce.PRESETS[f"demo-{args.preset}"] = preset
+    try:
+        report = reproduce.reproduce(Path(args.output), f"demo-{args.preset}", seeds=[42])
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"per-position loss plot: {report.parent / 'per_position_loss.png'}")
+    return 0
