@@ -58,7 +58,7 @@ PRESETS = {
     # ~1.4M parameters, w = 64, 1.64M tokens per model (~3.5 min each on 2 cores), eval at 8w.
     "cpu-small": Preset(model="cpu-small", window=64, vocab_size=4096, train_tokens=1_638_400,
                         global_batch_size=32, micro_batch_size=32, lr=3e-3, eval_length=512, num_spans=400,
-                        in_dist_start=16, gain_window=16, corpus_bytes=6_000_000, valid_fraction=0.12),
+                        in_dist_start=16, gain_window=16, corpus_bytes=6_000_000, valid_fraction=0.15),
     # seconds-scale smoke run of the whole pipeline (tests); numbers are not meaningful.
     "cpu-tiny": Preset(model="tiny", window=32, vocab_size=512, train_tokens=40_960, global_batch_size=16,
                        micro_batch_size=16, lr=3e-3, eval_length=128, num_spans=24, in_dist_start=8,
@@ -80,27 +80,27 @@ def _run(command: list[str], timeout: float | None = None) -> None:
 def prepare_data(out: Path, preset: Preset, corpus: str | None) -> str:
     """Corpus → SentencePiece tokenizer → shards + validation stream; returns the data prefix."""
     from data_prep.cli import main as data_prep
-    from data_prep.manifest import load_manifest, manifest_path
+    from data_prep.manifest import load_manifest
 
     data = out / "data"
     prefix = str(data / "shards" / "corpus")
-    if not Path(manifest_path(prefix)).is_file():
-        if corpus is None:
-            corpus = str(data / "corpus")
-            if not Path(corpus).is_dir():
-                _log(f"writing the embedded corpus (Python standard library text, {preset.corpus_bytes:,} bytes max)")
-                if data_prep(["embedded-corpus", "--output", corpus, "--max-bytes", str(preset.corpus_bytes)]):
-                    raise RuntimeError("embedded-corpus failed")
-        tokenizer = data / "tokenizer"
-        if not (tokenizer / "tokenizer.model").is_file():
-            _log(f"training a {preset.vocab_size}-token SentencePiece BPE tokenizer on {corpus}")
-            if data_prep(["train-tokenizer", "--input", corpus, "--output", str(tokenizer), "--kind",
-                          "sentencepiece-bpe", "--vocab-size", str(preset.vocab_size)]):
-                raise RuntimeError("train-tokenizer failed")
-        _log("tokenising into Megatron shards")
-        if data_prep(["build", "--input", corpus, "--tokenizer", str(tokenizer), "--output-prefix", prefix,
-                      "--valid-fraction", str(preset.valid_fraction), "--no-progress"]):
-            raise RuntimeError("data_prep build failed")
+    if corpus is None:
+        corpus = str(data / "corpus")
+        if not Path(corpus).is_dir():
+            _log(f"writing the embedded corpus (Python standard library text, {preset.corpus_bytes:,} bytes max)")
+            if data_prep(["embedded-corpus", "--output", corpus, "--max-bytes", str(preset.corpus_bytes)]):
+                raise RuntimeError("embedded-corpus failed")
+    tokenizer = data / "tokenizer"
+    if not (tokenizer / "tokenizer.model").is_file():
+        _log(f"training a {preset.vocab_size}-token SentencePiece BPE tokenizer on {corpus}")
+        if data_prep(["train-tokenizer", "--input", corpus, "--output", str(tokenizer), "--kind",
+                      "sentencepiece-bpe", "--vocab-size", str(preset.vocab_size)]):
+            raise RuntimeError("train-tokenizer failed")
+    # data_prep resumes by itself: complete shards are verified and kept
+    _log("tokenising into Megatron shards")
+    if data_prep(["build", "--input", corpus, "--tokenizer", str(tokenizer), "--output-prefix", prefix,
+                  "--valid-fraction", str(preset.valid_fraction), "--no-progress"]):
+        raise RuntimeError("data_prep build failed")
     manifest = load_manifest(prefix)
     need = preset.num_spans * preset.eval_length
     if manifest.num_valid_tokens < need:
