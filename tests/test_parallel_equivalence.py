@@ -13,7 +13,8 @@ def single_process():
     return run_torchrun(SCRIPT, 1, "--steps", "2")
 
 
-@pytest.mark.parametrize("layout", [["--tp", "2"], ["--pp", "2"], []], ids=["tp2", "pp2", "dp2"])
+@pytest.mark.parametrize("layout", [["--tp", "2"], ["--pp", "2"], [], ["--distributed-optimizer"]],
+                         ids=["tp2", "pp2", "dp2", "dp2-distributed-optimizer"])
 def test_two_process_layout_matches_one_process(single_process, layout):
     parallel = run_torchrun(SCRIPT, 2, "--steps", "2", *layout)
     assert len(parallel) == len(single_process) == 2

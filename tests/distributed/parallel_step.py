@@ -47,10 +47,12 @@ def main():
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--strategy", default="posaug")
     parser.add_argument("--alpha", type=float, default=0.37)
+    parser.add_argument("--distributed-optimizer", action="store_true")
     args = parser.parse_args()
     model = preset("tiny")
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-                              sequence_parallel=args.tp > 1)
+                              sequence_parallel=args.tp > 1,
+                              use_distributed_optimizer=args.distributed_optimizer)
     reference_state = full_model_state(model) if args.pp > 1 else None
     distributed.initialize(parallel, SEED)
     from megatron.core import parallel_state
