@@ -124,7 +124,8 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 KillWait=30
-MinJobAge=600
+# Finished jobs stay visible to "scontrol show job" for 5 minutes (sbatch --wait polls every <= 10 s).
+MinJobAge=300
 Waittime=0
 SchedulerParameters=sched_interval=2
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus Boards=$boards SocketsPerBoard=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$real_mem State=UNKNOWN
@@ -148,8 +149,13 @@ fi
 export SLURM_CONF=$CONF
 
 # --- daemons ------------------------------------------------------------------------------------------
+if [ "$conf_changed" = 1 ] && { pid_alive "$RUN_DIR/slurmctld.pid" || pid_alive "$RUN_DIR/slurmd.pid"; }; then
+    # Some settings (AuthInfo, ports) are read only at daemon start, so a changed config means a
+    # restart, not `scontrol reconfigure`. Job state survives it (StateSaveLocation).
+    log "config changed: restarting slurmctld and slurmd"
+    STOP_MUNGE=0 SLURM_LOCAL_DIR=$SLURM_LOCAL_DIR "$(dirname "${BASH_SOURCE[0]}")/stop.sh"
+fi
 if pid_alive "$RUN_DIR/slurmctld.pid"; then
-    if [ "$conf_changed" = 1 ]; then log "config changed: scontrol reconfigure"; scontrol reconfigure; fi
     log "slurmctld already running (pid $(cat "$RUN_DIR/slurmctld.pid"))"
 else
     log "starting slurmctld"
