@@ -1,0 +1,163 @@
+"""slurm/ scripts without a cluster: syntax, generated launchers in sync, dry runs print the right command.
+
+The same scripts are submitted for real to a local SLURM cluster in tests/test_slurm_cluster.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM = REPO / "slurm"
+SIZES = ("10m", "42m", "113m", "425m", "1b")
+METHODS = ("baseline", "posaug", "rfs", "rpe", "warp")
+LAUNCHERS = [f"pretrain_{size}_{method}.sh" for size in SIZES for method in METHODS]
+ALL_SCRIPTS = sorted(str(p.relative_to(REPO)) for p in SLURM.rglob("*.sh"))
+
+
+def clean_env(**extra: str) -> dict:
+    """The caller's environment without SLURM job variables or launcher overrides (tests may run in a job)."""
+    keep = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "SBATCH_")) and k not in LAUNCHER_VARS}
+    return {**keep, **extra}
+
+
+LAUNCHER_VARS = {"POSAUG_ROOT", "PYTHON", "CONFIG", "DATA_PREFIX", "SYNTHETIC_DATA", "OUTPUT_DIR", "RUN_NAME",
+                 "RUN_DIR", "SEED", "SEEDS", "TP", "PP", "DP", "OVERRIDES", "CONTAINER_IMAGE", "CONTAINER_MOUNTS",
+                 "TASKS_PER_NODE", "MASTER_PORT", "MASTER_ADDR", "REQUEUE", "DRY_RUN", "NNODES", "GPUS_PER_NODE",
+                 "INPUT", "TOKENIZER", "OUTPUT_PREFIX", "NUM_SHARDS", "WORKERS", "DATA_PREP_ARGS"}
+
+
+def run(args: list[str], cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=60)
+
+
+def dry_run(launcher: str, *args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    return run(["bash", str(SLURM / launcher), "--dry-run", *args], cwd=cwd, **env)
+
+
+def command_line(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.startswith("[posaug-slurm] command:")]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_every_slurm_script_passes_bash_n(script):
+    result = run(["bash", "-n", script])
+    assert result.returncode == 0, result.stderr
+
+
+def test_there_is_one_launcher_per_table1_size_and_method():
+    present = sorted(p.name for p in SLURM.glob("pretrain_*.sh"))
+    assert present == sorted(LAUNCHERS)
+
+
+def test_committed_launchers_match_the_generator(tmp_path):
+    copy = tmp_path / "slurm"
+    copy.mkdir()
+    shutil.copy(SLURM / "generate_launchers.sh", copy)
+    result = run(["bash", str(copy / "generate_launchers.sh")])
+    assert result.returncode == 0, result.stderr
+    for name in LAUNCHERS:
+        assert (copy / name).read_text() == (SLURM / name).read_text(), f"{name}: re-run slurm/generate_launchers.sh"
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_dry_run_prints_an_srun_command_for_the_launchers_size_and_method(launcher):
+    size, method = re.match(r"pretrain_(\w+?)_(\w+)\.sh", launcher).groups()
+    result = dry_run(launcher)
+    assert result.returncode == 0, result.stderr
+    command = command_line(result.stdout)
+    assert " srun " in command and "slurm/rank_env.sh" in command
+    assert f"-m pretrain train --config {REPO}/pretrain/configs/{size}_{method}.yaml" in command
+    assert f"name={size}_{method}_seed42" in command and "seed=42" in command
+    assert f"  model size      {size}\n  method          {method}\n" in result.stdout
+
+
+@pytest.mark.parametrize("size,nodes,gpus", [("10m", 1, 1), ("113m", 1, 8), ("1b", 4, 8)])
+def test_dry_run_sizes_the_job_from_the_sbatch_defaults(size, nodes, gpus):
+    result = dry_run(f"pretrain_{size}_posaug.sh")
+    assert result.returncode == 0, result.stderr
+    command = command_line(result.stdout)
+    assert f"--nodes={nodes} --ntasks-per-node={gpus} --ntasks={nodes * gpus}" in command
+    assert f"device          gpu ({gpus} GPUs/node, backend nccl)" in result.stdout
+
+
+def test_dry_run_needs_no_gpu_request_to_plan_a_cpu_run():
+    result = dry_run("pretrain_113m_posaug.sh", GPUS_PER_NODE="0", TASKS_PER_NODE="2")
+    assert result.returncode == 0, result.stderr
+    assert "device          cpu (0 GPUs/node, backend gloo)" in result.stdout
+    assert "model.transformer_impl=local model.bf16=false" in command_line(result.stdout)
+
+
+def test_environment_overrides_reach_the_trainer_command(tmp_path):
+    result = dry_run("pretrain_425m_rfs.sh", "--set", "optimizer.lr=1e-3", DATA_PREFIX="/data/owt/owt",
+                     OUTPUT_DIR=str(tmp_path), SEED="7", TP="2", PP="2", PYTHON="/opt/py/bin/python",
+                     OVERRIDES="schedule.train_iters=10 logging.log_interval=1")
+    assert result.returncode == 0, result.stderr
+    command = command_line(result.stdout)
+    assert command.split(" srun ")[1].split()[-1] == "optimizer.lr=1e-3"  # launcher arguments come last
+    for expected in ("/opt/py/bin/python -m pretrain train", "data.data_path=/data/owt/owt", "seed=7",
+                     f"checkpoint.save={tmp_path}/425m_rfs_seed7", "parallel.tensor_model_parallel_size=2",
+                     "parallel.pipeline_model_parallel_size=2", "schedule.train_iters=10 logging.log_interval=1"):
+        assert expected in command
+    assert "TP / PP / DP    2 / 2 / 4" in result.stdout  # 2 nodes x 8 GPUs / (2 x 2)
+
+
+def test_dp_that_does_not_match_the_allocation_is_refused():
+    result = dry_run("pretrain_113m_baseline.sh", TP="2", DP="8")
+    assert result.returncode == 2
+    assert "DP=8 but 8 ranks / (TP=2 x PP=1) = 4" in result.stderr
+
+
+@pytest.mark.parametrize("task,seed", [("0", "42"), ("1", "137"), ("2", "2024")])
+def test_array_task_id_selects_the_seed(task, seed):
+    # A dry run inside an array task (as `DRY_RUN=1 sbatch --array=0-2` gives); the cluster test submits one.
+    result = dry_run("pretrain_42m_warp.sh", SLURM_ARRAY_TASK_ID=task)
+    assert result.returncode == 0, result.stderr
+    assert f"name=42m_warp_seed{seed} seed={seed}" in command_line(result.stdout)
+
+
+def test_container_image_runs_the_step_in_pyxis_with_the_checkout_mounted():
+    result = dry_run("pretrain_10m_baseline.sh", CONTAINER_IMAGE="nvcr.io#nvidia/pytorch:24.09-py3",
+                     DATA_PREFIX="/data/owt/owt")
+    assert result.returncode == 0, result.stderr
+    command = command_line(result.stdout)
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.09-py3" in command
+    assert f"--container-mounts={REPO},{REPO}/runs,/data/owt" in command
+    assert " python3 -m pretrain train" in command  # the container's python, not the host venv
+
+
+def test_launcher_refuses_to_train_outside_a_job():
+    result = run(["bash", str(SLURM / "pretrain_10m_posaug.sh")])
+    assert result.returncode == 2
+    assert "not inside a SLURM job" in result.stderr
+
+
+def test_launcher_finds_the_project_from_another_directory(tmp_path):
+    result = dry_run("pretrain_10m_rpe.sh", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"project root    {REPO}\n" in result.stdout
+
+
+def test_data_prep_dry_run_prints_an_srun_pmix_command():
+    result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], INPUT="/data/a /data/b.jsonl",
+                 TOKENIZER="/data/tok", OUTPUT_PREFIX="/data/shards/owt", NUM_SHARDS="16")
+    assert result.returncode == 0, result.stderr
+    command = command_line(result.stdout)
+    assert "srun --nodes=2 --ntasks=8 --cpus-per-task=8 --mpi=pmix" in command
+    assert ("-m data_prep build --tokenizer /data/tok --output-prefix /data/shards/owt --workers 8 --mpi "
+            "--no-progress --input /data/a --input /data/b.jsonl --num-shards 16") in command
+
+
+def test_data_prep_requires_its_inputs():
+    result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], TOKENIZER="/t", OUTPUT_PREFIX="/o/p")
+    assert result.returncode != 0
+    assert "set INPUT" in result.stderr
