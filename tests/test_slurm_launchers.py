@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -129,10 +130,10 @@ def test_container_image_runs_the_step_in_pyxis_with_the_checkout_mounted():
     result = dry_run("pretrain_10m_baseline.sh", CONTAINER_IMAGE="nvcr.io#nvidia/pytorch:24.09-py3",
                      DATA_PREFIX="/data/owt/owt")
     assert result.returncode == 0, result.stderr
-    command = command_line(result.stdout)
-    assert "--container-image=nvcr.io#nvidia/pytorch:24.09-py3" in command
-    assert f"--container-mounts={REPO},{REPO}/runs,/data/owt" in command
-    assert " python3 -m pretrain train" in command  # the container's python, not the host venv
+    argv = shlex.split(command_line(result.stdout).split(":", 1)[1])  # the line is shell-quoted (printf %q)
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.09-py3" in argv
+    assert f"--container-mounts={REPO},{REPO}/runs,/data/owt" in argv
+    assert argv[argv.index(f"{REPO}/slurm/rank_env.sh") + 1] == "python3"  # the container's, not the host venv
 
 
 def test_launcher_refuses_to_train_outside_a_job():
