@@ -125,6 +125,8 @@ def context_gain(scorer: Scorer, spans: torch.Tensor, contexts: Iterable[int], *
         raise ValueError(f"every context length C must exceed the sliding window {window} (got {contexts})")
     if contexts[-1] > spans.shape[1]:
         raise ValueError(f"C = {contexts[-1]} exceeds the span length {spans.shape[1]}")
+    if method == "kv_cache" and scorer.backend != "hf":
+        raise ValueError(f"--gain-method kv_cache needs the hf backend (got {scorer.backend})")
     spans = spans[:, :contexts[-1]]
     if method == "exact":
         short = exact_window_losses(scorer, spans, window, batch_size=batch_size, progress=progress)

@@ -94,7 +94,7 @@ class Scorer:
 
     def kv_cache_losses(self, tokens: torch.Tensor, window: int, chunk: int) -> torch.Tensor:
         """Per-position loss [b, s-1] under the paper's truncated-KV-cache sliding window."""
-        raise NotImplementedError(f"the {self.backend} backend has no KV-cache path; use --backend hf")
+        raise ValueError(f"the {self.backend} backend has no KV-cache path: use --backend hf for --gain-method kv_cache")
 
     # Shared on top.
     @torch.no_grad()
