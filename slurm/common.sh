@@ -233,6 +233,11 @@ if [ "$DEVICE" = gpu ]; then
     export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}  # Megatron TP/SP overlap
 fi
 mkdir -p "$RUN_DIR"
+# Ranks that exit with the requeue code touch this file (slurm/rank_env.sh); it lives in the run
+# directory because that is on storage every node shares (checkpoints need it anyway).
+export REQUEUE_EXIT_CODE
+export POSAUG_REQUEUE_MARKER=$RUN_DIR/.requeue-request-$SLURM_JOB_ID
+rm -f "$POSAUG_REQUEUE_MARKER"
 
 # Bash runs traps only between commands, so srun runs in the background and we `wait` for it: a
 # signal interrupts `wait`, the trap forwards it to srun (which forwards it to every task), and we go
@@ -256,6 +261,11 @@ while :; do
 done
 set -e
 _log "training step exited with code $rc"
+if [ -e "$POSAUG_REQUEUE_MARKER" ]; then
+    rm -f "$POSAUG_REQUEUE_MARKER"
+    _log "the trainer saved a checkpoint on a stop signal (exit code $REQUEUE_EXIT_CODE)"
+    [ "$rc" = 0 ] && rc=$REQUEUE_EXIT_CODE
+fi
 
 if [ "$rc" = "$REQUEUE_EXIT_CODE" ] && [ "$REQUEUE" = 1 ]; then
     # The trainer saved a checkpoint because it was told to stop (time limit, preemption). Put this

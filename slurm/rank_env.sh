@@ -33,4 +33,11 @@ while :; do
     if ! kill -0 "$child" 2>/dev/null; then wait "$child"; rc=$?; break; fi
 done
 echo "rank ${RANK} exited with code ${rc}"
+# The trainer's requeue code (it saved a checkpoint on a signal) becomes a marker file plus a clean exit:
+# with `srun --kill-on-bad-exit=1`, a rank exiting 75 first would get the others killed while they are
+# still finishing, and srun would then report 143 instead of 75. The batch script looks for the marker.
+if [ -n "${POSAUG_REQUEUE_MARKER:-}" ] && [ "$rc" = "${REQUEUE_EXIT_CODE:-75}" ]; then
+    touch "$POSAUG_REQUEUE_MARKER"
+    exit 0
+fi
 exit "$rc"
