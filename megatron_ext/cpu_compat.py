@@ -1,6 +1,6 @@
 """The one place that patches Megatron-Core so it runs on a CPU-only torch build (gloo).
 
-Megatron-Core assumes CUDA throughout. On a machine without CUDA, `apply()` installs six
+Megatron-Core assumes CUDA throughout. On a machine without CUDA, `apply()` installs seven
 small patches; each names the Megatron call site it serves. With CUDA available, `apply()`
 does nothing, so cluster runs use Megatron exactly as shipped. No other module of this
 project patches Megatron.
@@ -140,7 +140,14 @@ def apply() -> list[str]:
     torch.cuda.synchronize = lambda *a, **k: None
     APPLIED.append("synchronize")
 
-    # 6) The remaining hard-coded device="cuda"/.cuda()/.type() sites (see CudaToCpuMode).
+    # 6) megatron-core >= 0.19: param_and_grad_buffer.start_grad_sync waits on
+    #    torch.cuda.current_stream() for CUDA-graph events, and schedules enter
+    #    torch.cuda.stream(...). torch.cpu provides the same no-op stream API.
+    torch.cuda.current_stream = lambda *a, **k: torch.cpu.current_stream()
+    torch.cuda.stream = torch.cpu.stream
+    APPLIED.append("streams")
+
+    # 7) The remaining hard-coded device="cuda"/.cuda()/.type() sites (see CudaToCpuMode).
     #    Entered for the life of the process; overhead is within noise on a 10M model step.
     global _DEVICE_MODE
     _DEVICE_MODE = CudaToCpuMode()
