@@ -38,7 +38,7 @@ done
 # Project root: see slurm/common.sh — sbatch runs a spool copy of this file, so $0 is not enough.
 if [ -z "${POSAUG_ROOT:-}" ]; then
     for _dir in "$(dirname "${BASH_SOURCE[0]}")/.." \
-                "$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")/.." \
+                "$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p' | head -n1)")/.." \
                 "${SLURM_SUBMIT_DIR:-.}"; do
         if [ -f "$_dir/slurm/common.sh" ]; then POSAUG_ROOT=$(cd "$_dir" && pwd); break; fi
     done
