@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Optional
 
 # Workers are processes; each tokenises single-threaded so `--workers N` means N cores.
@@ -148,14 +149,16 @@ def tokenize_unit(task: tuple[int, Unit]) -> dict:
             nonlocal n_tokens
             if not batch_texts:
                 return
-            flat: list[int] = []
-            for ids in tok.encode_batch(batch_texts):
-                flat.extend(ids)
-                if cfg.append_eod:
-                    flat.append(eod)
-                lengths.append(len(ids) + cfg.append_eod)
-            n_tokens += len(flat)
-            out.write(np.asarray(flat, dtype=dtype).tobytes())
+            enc = tok.encode_batch(batch_texts)
+            n0 = len(lengths)
+            lengths.extend(len(ids) + cfg.append_eod for ids in enc)
+            n = sum(lengths[n0:])
+            if cfg.append_eod:
+                ids_iter = chain.from_iterable(chain.from_iterable((ids, (eod,)) for ids in enc))
+            else:
+                ids_iter = chain.from_iterable(enc)
+            out.write(np.fromiter(ids_iter, dtype=dtype, count=n).data)
+            n_tokens += n
             keys.extend(batch_keys)
             batch_keys.clear()
             batch_texts.clear()
@@ -496,7 +499,8 @@ def _write_manifest(cfg: BuildConfig, tok: Tokenizer, units: list[Unit], recs: l
         "inputs": [{"path": os.path.abspath(p), "bytes": _tree_bytes(p)} for p in cfg.inputs],
         "num_units": len(units),
         "tokenizer": {"path": tok.path, "kind": tok.kind, "sha256": tok.sha256, "vocab_size": tok.vocab_size,
-                      "eod_id": tok.eod, "pad_id": tok.pad, "dtype": np.dtype(dtype).name},
+                      "eod_id": tok.eod, "pad_id": tok.pad, "dtype": np.dtype(dtype).name,
+                      "backend": getattr(tok, "backend", "sentencepiece")},
         "settings": {**cfg.output_settings(), "workers": cfg.workers, "ranks": comm.size},
         "documents": {"read": read, "written": written, "skipped": n_skipped, "train": written - valid["documents"],
                       "valid": valid["documents"]},
