@@ -3,9 +3,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := openmpi-bin libopenmpi-dev
+# OpenMPI (MPI data_prep tests) and SLURM + munge + PMIx (the real local cluster the launcher tests use).
+APT_PACKAGES := openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge libpmix-dev
 
-.PHONY: demo test system-deps venv clean
+.PHONY: demo test system-deps slurm-cluster venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +24,7 @@ $(VENV)/.installed-test: $(VENV)/.installed-core system-deps
 
 venv: $(VENV)/.installed-core
 
-# Debian packages the tests need (OpenMPI for the MPI data_prep tests).
+# Debian packages the tests need.
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -32,11 +33,15 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# A single-node SLURM cluster on localhost (idempotent); tests submit the real launchers to it.
+slurm-cluster: system-deps
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) bash slurm/local/start.sh
+
 demo: $(VENV)/.installed-core
 	$(BIN)/python -m pretrain demo --output demo_out
 
-test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+test: $(VENV)/.installed-test slurm-cluster
+	$(BIN)/python -m pytest -q --durations=15
 
 clean:
 	rm -rf $(VENV) demo_out

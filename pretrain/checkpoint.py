@@ -93,6 +93,14 @@ def _layout() -> dict:
             "pp": ps.get_pipeline_model_parallel_world_size()}
 
 
+def _optimizer_metadata(engine) -> dict:
+    """How the distributed optimizer shards its state: 'fully_reshardable' so any TP/PP/DP can resume
+    (Megatron's default flattened layout cannot be written by the torch_dist backend)."""
+    if engine.parallel.use_distributed_optimizer:
+        return {"distrib_optim_sharding_type": "fully_reshardable"}
+    return {}
+
+
 def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int) -> Path:
     """Collective: write checkpoint `iteration` atomically, then prune to the newest `keep_last`."""
     from megatron.core import dist_checkpointing
@@ -104,13 +112,15 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
         tmp.mkdir(parents=True)
     _barrier()
     model_state = engine.model.module.sharded_state_dict()
-    state = {"model": model_state, "optimizer": engine.optimizer.sharded_state_dict(model_state)}
+    state = {"model": model_state,
+             "optimizer": engine.optimizer.sharded_state_dict(model_state, metadata=_optimizer_metadata(engine))}
     dist_checkpointing.save(state, str(tmp))
     (tmp / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / "rng" / f"rank_{_rank():05d}.pt")
     _barrier()
     if _rank() == 0:
-        record = dict(train_state, iteration=iteration, scheduler=engine.scheduler.state_dict(), layout=_layout())
+        record = dict(train_state, iteration=iteration, scheduler=engine.scheduler.state_dict(), layout=_layout(),
+                      use_distributed_optimizer=engine.parallel.use_distributed_optimizer)
         (tmp / "train_state.json").write_text(json.dumps(record, indent=1, default=str))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -140,7 +150,13 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
     model_state = engine.model.module.sharded_state_dict()
     request = {"model": model_state}
     if load_optimizer:
-        request["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=True)
+        saved_with = record.get("use_distributed_optimizer", False)
+        if saved_with != engine.parallel.use_distributed_optimizer:
+            raise ValueError(
+                f"{path} was saved with parallel.use_distributed_optimizer={str(saved_with).lower()}; resume with the "
+                "same setting, or start a new run from its weights with checkpoint.load=<that checkpoint>")
+        request["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=True,
+                                                                   metadata=_optimizer_metadata(engine))
     loaded = dist_checkpointing.load(request, str(path))
     engine.model.module.load_state_dict(loaded["model"])
     if load_optimizer:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig, preset
@@ -131,6 +132,12 @@ class TrainConfig:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
+        if p.use_distributed_optimizer and not torch.cuda.is_available():
+            raise ValueError("parallel.use_distributed_optimizer=true: Megatron's distributed-optimizer checkpoints "
+                             "need Transformer Engine or Apex optimizers (GPU); on CPU set it to false")
+        if self.optimizer.lr_warmup_iters >= self.train_iters():
+            raise ValueError(f"optimizer.lr_warmup_iters ({self.optimizer.lr_warmup_iters}) must be smaller than the "
+                             f"run's {self.train_iters()} iterations; lower it, e.g. --set optimizer.lr_warmup_iters=0")
         if not self.data.synthetic:
             if not self.data.data_path:
                 raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "

@@ -151,9 +151,10 @@ SETS=(
     "parallel.pipeline_model_parallel_size=$PP"
 )
 # The shipped configs target GPUs (Transformer Engine, BF16); the same script on CPU-only nodes (CI's
-# local cluster) needs the local implementation in FP32.
+# local cluster) needs the local implementation in FP32 and the plain optimizer (distributed-optimizer
+# checkpoints need TE/Apex).
 if [ "$DEVICE" = cpu ]; then
-    SETS+=("model.transformer_impl=local" "model.bf16=false")
+    SETS+=("model.transformer_impl=local" "model.bf16=false" "parallel.use_distributed_optimizer=false")
 fi
 if [ -n "${DATA_PREFIX:-}" ]; then
     SETS+=("data.data_path=$DATA_PREFIX")

@@ -26,12 +26,11 @@ SLURM = REPO / "slurm"
 LOCAL_DIR = os.environ.get("SLURM_LOCAL_DIR", "/var/lib/slurm-local")
 PY = sys.executable
 
-# A tiny model on the 113m posaug config. The distributed optimizer is switched off: its Megatron
-# distributed checkpoint fails on CPU/gloo with DP=2 ("ShardedTensor.flattened_range is not
-# supported"), a trainer matter independent of SLURM.
+# A tiny model on the 113m posaug config (common.sh itself switches CPU runs to the local
+# implementation, FP32 and the plain optimizer).
 TINY = ("model.num_layers=2 model.hidden_size=64 model.ffn_hidden_size=128 model.num_attention_heads=4 "
         "model.num_query_groups=4 model.seq_length=32 model.vocab_size=512 schedule.global_batch_size=4 "
-        "schedule.micro_batch_size=1 optimizer.lr_warmup_iters=1 parallel.use_distributed_optimizer=false "
+        "schedule.micro_batch_size=1 optimizer.lr_warmup_iters=1 "
         "logging.eval_iters=1")
 CPU_JOB = ["--gpus-per-node=0", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"]
 
