@@ -1,0 +1,82 @@
+"""The reproduction pipeline: end to end on a tiny preset, resumable; the paired statistics by hand."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from pretrain.reproduce import PRESETS, summarise
+
+
+def _record(label, seed, in_dist, ood, gain=0.0):
+    curve_len = 127
+    return {"label": label, "seed": seed, "run": f"{label}_s{seed}",
+            "lengths": {"128": {"loss": 0.0, "curve": [0.0] * curve_len,
+                                "cliff": {"in_dist": sum(in_dist) / len(in_dist), "ood": sum(ood) / len(ood),
+                                          "cliff": sum(o - i for i, o in zip(in_dist, ood)) / len(ood)}}},
+            "per_span": {"in_dist": in_dist, "ood": ood},
+            "context_gain": {"values": {"64": gain}}}
+
+
+def test_paired_cliff_reduction_and_its_standard_error_on_hand_made_spans():
+    preset = PRESETS["cpu-tiny"]
+    base = _record("baseline", 1, in_dist=[2.0, 2.0, 2.0, 2.0], ood=[3.0, 2.5, 3.5, 3.0])  # cliffs 1, .5, 1.5, 1
+    aug = _record("posaug", 1, in_dist=[2.2, 2.2, 2.2, 2.2], ood=[2.2, 2.2, 2.4, 2.6])      # cliffs 0, 0, .2, .4
+    summary = summarise([base, aug], preset)
+    differences = [1.0, 0.5, 1.3, 0.6]  # baseline cliff - posaug cliff, span by span
+    mean = sum(differences) / 4
+    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / 3)
+    assert summary["posaug"]["paired_reduction"][0] == pytest.approx(mean)
+    assert summary["posaug"]["paired_se"][0] == pytest.approx(sd / 2)
+    assert summary["posaug"]["penalty"][0] == pytest.approx(0.1)  # 2.2 vs 2.0
+    cliffs = [0.0, 0.0, 0.2, 0.4]
+    cliff_sd = math.sqrt(sum((c - 0.15) ** 2 for c in cliffs) / 3)
+    assert summary["posaug"]["cliff_se"][0] == pytest.approx(cliff_sd / 2)
+
+
+def test_summary_averages_over_seeds_with_sample_standard_deviation():
+    preset = PRESETS["cpu-tiny"]
+    records = [_record("baseline", seed, [2.0, 2.0], [2.0 + c, 2.0 + c], gain=g)
+               for seed, c, g in ((1, 1.0, 0.1), (2, 3.0, 0.3))]
+    summary = summarise(records, preset)["baseline"]
+    assert summary["cliff"] == pytest.approx((2.0, math.sqrt(2.0)))
+    assert summary["gain"][64] == pytest.approx((0.2, math.sqrt(0.02)))
+    assert summary["n"] == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_reproduction(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce")
+    command = [sys.executable, "-m", "pretrain", "reproduce", "--preset", "cpu-tiny", "--output", str(out)]
+    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    return out, first.stdout, second.stdout
+
+
+def test_tiny_reproduction_writes_a_report_whose_table_parses_with_finite_numbers(tiny_reproduction):
+    out, _, _ = tiny_reproduction
+    rows = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("| ")]
+    header, body = rows[0], rows[1:]
+    assert "Cliff" in header and "Paired cliff reduction" in header
+    labels = [row.split("|")[1].strip() for row in body]
+    assert labels == list(PRESETS["cpu-tiny"].methods) + list(PRESETS["cpu-tiny"].inference)
+    for row in body:
+        numbers = [float(x) for x in re.findall(r"-?\d+\.\d+", row)]
+        assert numbers and all(math.isfinite(x) for x in numbers)
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["summary"]) == set(labels)
+    for name in ("per_position_loss.png", "context_gain.png", "cliff_and_penalty.png"):
+        assert (out / name).stat().st_size > 1000
+
+
+def test_rerun_reuses_finished_runs_and_evaluations(tiny_reproduction):
+    _, first, second = tiny_reproduction
+    assert first.count("] training ") == len(PRESETS["cpu-tiny"].methods)
+    assert "] training " not in second
+    assert second.count("finished earlier, reusing") == len(PRESETS["cpu-tiny"].methods)
