@@ -5,7 +5,31 @@ both tools in one run, and the throughput ratio. Megatron-LM's source is never v
 pass --megatron-lm PATH (or set MEGATRON_LM_PATH) to a checkout (e.g. tag core_v0.16.1);
 without it the script says so and reports data_prep alone.
 
-    python benchmarks/bench_data_prep.py --workers 2 [--megatron-lm ~/Megatron-LM] [--input corpus.jsonl]
+    python benchmarks/bench_data_prep.py --workers 2 [--megatron-lm ~/Megatron-LM] [--megatron-python PY]
+        [--input corpus.jsonl] [--compare-backends]
+
+Besides wall time it reports CPU seconds (user+sys of the whole process tree, from the
+children's rusage): on a machine shared with other jobs, wall time mostly measures the load,
+while CPU time per MB is what the tool costs. Runs are interleaved in one invocation.
+
+data_prep encodes GPT-2 BPE with tiktoken when it is installed (identical ids; see
+data_prep/tokenizers.py), else with `tokenizers`; --compare-backends also runs the latter
+(DATA_PREP_TOKENIZER_BACKEND=tokenizers).
+
+Megatron-LM's environment, as set up for the measurement in the report (tag core_v0.16.1,
+commit 55ac7082517c3878ae653c07c09c534b8aed49f6), in a venv separate from the project's:
+
+    git --git-dir=<bare clone> --work-tree=/tmp/Megatron-LM checkout -f core_v0.16.1 -- .
+    python3 -m venv /tmp/mlm-venv
+    /tmp/mlm-venv/bin/pip install torch==2.13.0 numpy regex psutil pyyaml pydantic six einops packaging
+    python benchmarks/bench_data_prep.py --megatron-lm /tmp/Megatron-LM --megatron-python /tmp/mlm-venv/bin/python
+
+triton is NOT installed: preprocess_data.py reaches megatron/training/initialize.py, which
+imports megatron.core.transformer.custom_layers.batch_invariant_kernels, which imports
+triton at module level (no kernel runs while preprocessing). Stubbing the `triton` package
+itself breaks torch._dynamo, so when triton is missing this script runs preprocess_data.py
+through a small wrapper (MEGATRON_WRAPPER below) that pre-registers a stub of that one
+Megatron module and then runs the script unchanged with runpy.
 
 Without --input it writes a ~38 MB JSONL (like the anchor's 37.9 MB) from the embedded
 stdlib corpus; without --tokenizer it trains a GPT-2-sized (50,257) byte-level BPE and saves
@@ -17,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -27,14 +52,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
-def peak_rss_run(cmd: list[str], env: dict, cwd: str, timeout: float) -> tuple[float, int, int, str, int]:
-    """Run cmd; returns (wall s, peak summed RSS of the process tree, return code, output tail, peak summed PSS).
+def peak_rss_run(cmd: list[str], env: dict, cwd: str, timeout: float) -> tuple[float, int, int, str, int, float]:
+    """Run cmd; returns (wall s, peak summed RSS of the tree, return code, output tail, peak summed PSS, CPU s).
+
+    CPU s is user+sys of cmd and every descendant it waited for (pool workers are joined).
 
     RSS summed over forked workers counts pages shared with the parent (e.g. an imported torch)
     once per process; PSS splits shared pages between processes, so it is the fairer total.
     """
     import psutil
 
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = peak_pss = 0
@@ -56,7 +84,28 @@ def peak_rss_run(cmd: list[str], env: dict, cwd: str, timeout: float) -> tuple[f
     finally:
         proc.wait()
     reader.join(5)
-    return time.time() - t0, peak, proc.returncode, "".join(out)[-3000:], peak_pss
+    wall = time.time() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, peak, proc.returncode, "".join(out)[-3000:], peak_pss, cpu
+
+
+MEGATRON_WRAPPER = """
+import importlib.util, runpy, sys, types
+if importlib.util.find_spec("triton") is None:
+    name = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
+    stub = types.ModuleType(name)
+    def _needs_triton(*a, **k):
+        raise RuntimeError("batch-invariant kernels need triton")
+    def _getattr(attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _needs_triton
+    stub.__getattr__ = _getattr
+    sys.modules[name] = stub
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def make_jsonl(path: str, target_bytes: int) -> tuple[int, int]:
@@ -104,6 +153,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--megatron-lm", default=os.environ.get("MEGATRON_LM_PATH"),
                     help="path to a Megatron-LM checkout (or env MEGATRON_LM_PATH)")
+    ap.add_argument("--megatron-python", default=os.environ.get("MEGATRON_LM_PYTHON", sys.executable),
+                    help="interpreter whose environment can run Megatron-LM's preprocess_data.py "
+                         "(or env MEGATRON_LM_PYTHON; default: this one)")
+    ap.add_argument("--compare-backends", action="store_true",
+                    help="also run data_prep with DATA_PREP_TOKENIZER_BACKEND=tokenizers")
     ap.add_argument("--input", help="JSONL with a 'text' key (default: generate one)")
     ap.add_argument("--target-mb", type=float, default=38.0, help="size of the generated JSONL")
     ap.add_argument("--tokenizer", help="directory with vocab.json + merges.txt (default: train one)")
@@ -134,20 +188,25 @@ def main() -> int:
 
     results = {}
 
-    def ours(name: str, path: str) -> None:
+    def ours(name: str, path: str, backend: str = "auto") -> None:
         prefix = os.path.join(work, name, "out")
         cmd = [sys.executable, "-m", "data_prep", "build", "--input", path, "--tokenizer", tok_dir,
                "--output-prefix", prefix, "--workers", str(args.workers), "--valid-docs", "0", "--no-progress",
                "--force"]
-        wall, rss, rc, tail, pss = peak_rss_run(cmd, dict(env, PYTHONPATH=REPO), REPO, args.timeout)
+        wall, rss, rc, tail, pss, cpu = peak_rss_run(
+            cmd, dict(env, PYTHONPATH=REPO, DATA_PREP_TOKENIZER_BACKEND=backend), REPO, args.timeout)
         if rc != 0:
             print(f"data_prep failed (rc={rc}):\n{tail}")
             sys.exit(1)
         with open(prefix + "_manifest.json") as fh:
-            tokens = json.load(fh)["tokens"]["total"]
-        results[name] = dict(wall=wall, rss=rss, pss=pss, tokens=tokens, mb=os.path.getsize(path) / 1e6)
+            man = json.load(fh)
+        results[name] = dict(wall=wall, rss=rss, pss=pss, cpu=cpu, tokens=man["tokens"]["total"],
+                             mb=os.path.getsize(path) / 1e6)
+        print(f"{name}: backend {man['tokenizer'].get('backend')}, {wall:.1f}s wall, {cpu:.1f}s CPU", flush=True)
 
     ours("data_prep", corpus)
+    if args.compare_backends:
+        ours("data_prep_tokenizers", corpus, "tokenizers")
     if args.rss_scaling:
         quarter = os.path.join(work, "quarter.jsonl")
         with open(corpus) as src, open(quarter, "w") as dst:
@@ -165,27 +224,33 @@ def main() -> int:
     else:
         prefix = os.path.join(work, "megatron_lm", "out")
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
-        cmd = [sys.executable, script, "--input", corpus, "--output-prefix", prefix, "--json-keys", "text",
+        cmd = [args.megatron_python, "-c", MEGATRON_WRAPPER, script, "--input", corpus, "--output-prefix", prefix, "--json-keys", "text",
                "--legacy-tokenizer", "--tokenizer-type", "GPT2BPETokenizer",
                "--vocab-file", os.path.join(tok_dir, "vocab.json"), "--merge-file", os.path.join(tok_dir, "merges.txt"),
                "--workers", str(args.workers), "--append-eod"]
-        wall, rss, rc, tail, pss = peak_rss_run(cmd, dict(env, PYTHONPATH=mlm), mlm, args.timeout)
+        wall, rss, rc, tail, pss, cpu = peak_rss_run(cmd, dict(env, PYTHONPATH=mlm), mlm, args.timeout)
         if rc != 0:
             print(f"\nMegatron-LM preprocess_data.py failed (rc={rc}); reporting data_prep only:\n{tail}")
         else:
             tokens = count_tokens(prefix + "_text_document")
-            results["megatron_lm"] = dict(wall=wall, rss=rss, pss=pss, tokens=tokens, mb=in_mb)
+            results["megatron_lm"] = dict(wall=wall, rss=rss, pss=pss, cpu=cpu, tokens=tokens, mb=in_mb)
+            print(f"megatron_lm: {wall:.1f}s wall, {cpu:.1f}s CPU", flush=True)
+            ours("data_prep_again", corpus)  # interleaved: data_prep before and after Megatron-LM
 
     print(f"\ninput {corpus}: {in_mb:.1f} MB, workers {args.workers}")
-    print(f"{'tool':<20}{'wall s':>9}{'tokens':>13}{'tokens/s':>12}{'MB/s':>8}{'peak RSS MB':>13}{'peak PSS MB':>13}")
+    print(f"{'tool':<22}{'wall s':>8}{'CPU s':>8}{'tokens':>12}{'tokens/s':>11}{'MB/s':>7}"
+          f"{'tok/CPU-s':>11}{'MB/CPU-s':>9}{'peak RSS MB':>12}{'peak PSS MB':>12}")
     for name, r in results.items():
-        print(f"{name:<20}{r['wall']:>9.1f}{r['tokens']:>13,}{r['tokens'] / r['wall']:>12,.0f}"
-              f"{r['mb'] / r['wall']:>8.2f}{r['rss'] / 1e6:>13.0f}{r['pss'] / 1e6:>13.0f}")
+        print(f"{name:<22}{r['wall']:>8.1f}{r['cpu']:>8.1f}{r['tokens']:>12,}{r['tokens'] / r['wall']:>11,.0f}"
+              f"{r['mb'] / r['wall']:>7.2f}{r['tokens'] / r['cpu']:>11,.0f}{r['mb'] / r['cpu']:>9.2f}"
+              f"{r['rss'] / 1e6:>12.0f}{r['pss'] / 1e6:>12.0f}")
     if "megatron_lm" in results:
-        a, b = results["data_prep"], results["megatron_lm"]
-        ratio = (a["tokens"] / a["wall"]) / (b["tokens"] / b["wall"])
-        print(f"throughput ratio data_prep / Megatron-LM: {ratio:.2f}x (goal >= 5x); "
-              f"peak RSS ratio {a['rss'] / b['rss']:.2f}")
+        b = results["megatron_lm"]
+        for name in ("data_prep", "data_prep_again"):
+            a = results[name]
+            ratio = (a["tokens"] / a["wall"]) / (b["tokens"] / b["wall"])
+            print(f"{name} / Megatron-LM: wall throughput {ratio:.2f}x (goal >= 5x), CPU cost "
+                  f"{b['cpu'] / a['cpu']:.2f}x less; peak RSS ratio {a['rss'] / b['rss']:.2f}")
         if a["tokens"] != b["tokens"]:
             print(f"note: token counts differ ({a['tokens']} vs {b['tokens']})")
     else:
