@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--preset", default="cpu-small", choices=sorted(reproduce.PRESETS))
     args = parser.parse_args(argv)
     preset = copy.deepcopy(reproduce.PRESETS[args.preset])
-    preset.methods, preset.inference = ["baseline", "posaug"], []
+    preset.methods, preset.inference, preset.gain_spans = ["baseline", "posaug"], [], 0
     reproduce.PRESETS[f"demo-{args.preset}"] = preset
     try:
         report = reproduce.reproduce(Path(args.output), f"demo-{args.preset}", seeds=[42])
