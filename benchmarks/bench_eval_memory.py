@@ -17,7 +17,12 @@ runs the L-token evaluation, and reads the high-water mark again (VmHWM in /proc
 evaluation needed at its worst moment. CPU tensors live in process memory and are written
 when produced, so every tensor allocation (activations, attention scores, logits chunks) is
 in RSS at its peak; allocator slack is included too, which is the honest number for "does it
-fit". Where clear_refs is unavailable the child falls back to ru_maxrss (includes the load).
+fit". The children run with a fixed glibc mmap threshold (MALLOC_MMAP_THRESHOLD_=64 KiB), so every
+sizeable tensor is its own mapping, unmapped when freed: RSS then follows live tensor bytes rather
+than heap slack (with glibc's default dynamic threshold the same run read 57/141/306/238 MiB at
+4K/8K/16K/32K; with the fixed one 54/56/102/204 MiB). The hf peak has a floor of ~50 MiB at any L:
+the chunked LM head ([1024, 4096] logits + log-softmax); above ~8K the forward's activations
+(~6 KiB per token for this model) dominate and double with L. Where clear_refs is unavailable the child falls back to ru_maxrss (includes the load).
 
 The megatron backend (local spec, unfused attention) materialises [heads, L, L] float32
 scores per layer; its 16K case (~4 GiB per score tensor, a few alive at once) runs only when
@@ -43,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 PRESET, TRAIN_WINDOW, SEED = "cpu-small", 64, 1234
+MMAP_THRESHOLD = 64 * 1024  # bytes; see run_child
 HEADROOM = 0.6  # fraction of MemAvailable a quadratic case may be predicted to use
 
 
@@ -118,7 +124,11 @@ def measure(run_dir: str, backend: str, length: int, threads: int) -> dict:
 
 
 def run_child(args: list[str], timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    # A fixed glibc mmap threshold (setting it turns off glibc's dynamic threshold): every block of
+    # 64 KiB or more -- every sizeable tensor -- is its own mapping, returned to the kernel on free,
+    # so RSS follows the live tensor bytes instead of whatever the heap happened to keep.
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+               MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
     proc = subprocess.run([sys.executable, __file__, *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
