@@ -22,12 +22,14 @@ sizeable tensor is its own mapping, unmapped when freed: RSS then follows live t
 than heap slack (with glibc's default dynamic threshold the same run read 57/141/306/238 MiB at
 4K/8K/16K/32K; with the fixed one 54/56/102/204 MiB). The hf peak has a floor of ~50 MiB at any L:
 the chunked LM head ([1024, 4096] logits + log-softmax); above ~8K the forward's activations
-(~6 KiB per token for this model) dominate and double with L. Where clear_refs is unavailable the child falls back to ru_maxrss (includes the load).
+(~6 KiB per token for this model) dominate and double with L. Where clear_refs is unavailable the child falls back to
+ru_maxrss (which then includes the model load).
 
 The megatron backend (local spec, unfused attention) materialises [heads, L, L] float32
 scores per layer; its 16K case (~4 GiB per score tensor, a few alive at once) runs only when
 the 4K measurement scaled by 16 (quadratic) fits in 60% of MemAvailable and its time, scaled
-the same way, fits --quadratic-time-budget; else it is skipped with the reason printed (it then tries half that length, so the quadratic growth still shows).
+the same way, fits --quadratic-time-budget; else it is skipped with the reason printed
+(it then tries half that length, so the quadratic growth still shows).
 
     .venv/bin/python benchmarks/bench_eval_memory.py [--lengths 4096 16384] [--backends hf megatron]
 """
@@ -132,7 +134,8 @@ def run_child(args: list[str], timeout: float) -> dict:
     proc = subprocess.run([sys.executable, __file__, *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     records = [line[len("RESULT "):] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     return json.loads(records[-1]) if records else {}
 
@@ -190,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{(length / smallest) ** 2:.0f}, quadratic) exceeds {HEADROOM:.0%} of "
                                   f"MemAvailable ({mib(available).strip()})")
                     elif seconds > args.quadratic_time_budget:
-                        reason = (f"predicted time {seconds:.0f} s (L={smallest} time x {(length / smallest) ** 2:.0f}) "
+                        reason = (f"predicted time {seconds:.0f} s (L={smallest} time x "
+                                  f"{(length / smallest) ** 2:.0f}) "
                                   f"exceeds --quadratic-time-budget {args.quadratic_time_budget:.0f} s; predicted "
                                   f"peak {mib(predicted).strip()} would fit")
                     if reason:
