@@ -24,13 +24,16 @@ def initialize(parallel: ParallelConfig, seed: int, timeout_s: float = 600.0) ->
     if not torch.cuda.is_available():
         cpu_compat.apply()
     if not dist.is_initialized():
-        if "RANK" not in os.environ:  # plain `python -m pretrain ...`: a world of one
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        if "RANK" in os.environ:  # torchrun / srun: env:// rendezvous
+            dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        else:
+            # A world of one. Not via os.environ: child processes (tests, reproduce, sbatch jobs)
+            # would inherit MASTER_PORT and collide with this process's store.
+            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                    rank=0, world_size=1, timeout=timedelta(seconds=timeout_s))
     world = dist.get_world_size()
     model_parallel = (parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
                       * parallel.context_parallel_size)
