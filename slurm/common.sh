@@ -95,7 +95,7 @@ if [ "$IN_JOB" = 1 ]; then
     GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-0}}}
     GPUS_PER_NODE=${GPUS_PER_NODE##*:}  # --gpus-per-node=a100:8 -> 8
     TASKS_PER_NODE=${TASKS_PER_NODE:-${SLURM_NTASKS_PER_NODE:-}}
-    MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}
+    MASTER_ADDR=${RDZV_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}
     JOB_ID=$SLURM_JOB_ID
 else
     NNODES=${NNODES:-$(_sbatch_default nodes)}
@@ -104,7 +104,7 @@ else
     GPUS_PER_NODE=${GPUS_PER_NODE:-0}
     GPUS_PER_NODE=${GPUS_PER_NODE##*:}
     TASKS_PER_NODE=${TASKS_PER_NODE:-$(_sbatch_default ntasks-per-node)}
-    MASTER_ADDR=${MASTER_ADDR:-<first host of SLURM_JOB_NODELIST>}
+    MASTER_ADDR=${RDZV_ADDR:-<first host of SLURM_JOB_NODELIST>}
     JOB_ID=0
 fi
 # One task per GPU; without GPUs (CPU/CI mode) one task per requested task, at least one.
@@ -113,9 +113,11 @@ if [ -z "$TASKS_PER_NODE" ]; then
     [ "$TASKS_PER_NODE" -gt 0 ] 2>/dev/null || TASKS_PER_NODE=1
 fi
 WORLD_SIZE=$(( NNODES * TASKS_PER_NODE ))
+# Inherited MASTER_ADDR/MASTER_PORT are ignored on purpose: sbatch exports the submitting shell, which may
+# hold a stale torchrun endpoint. Override with RDZV_ADDR / RDZV_PORT.
 # 20000-39999: above the usual service ports, below Linux's ephemeral range (32768+ overlaps a little,
 # but a collision needs the same node and the same job id modulo 20000 at the same time).
-MASTER_PORT=${MASTER_PORT:-$(( 20000 + JOB_ID % 20000 ))}
+MASTER_PORT=${RDZV_PORT:-$(( 20000 + JOB_ID % 20000 ))}
 CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-$(_sbatch_default cpus-per-task)}
 CPUS_PER_TASK=${CPUS_PER_TASK:-1}
 
