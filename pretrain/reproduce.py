@@ -50,7 +50,7 @@ class Preset:
     gain_window: int
     corpus_bytes: int
     valid_fraction: float
-    gain_spans: int = 100  # exact G(C) costs a pass per target token: computed on the first spans only; 0 = skip
+    gain_spans: int = 40  # exact G(C) costs a pass per target token: computed on the first spans only; 0 = skip
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     inference: list[str] = field(default_factory=lambda: list(INFERENCE))
 
