@@ -6,6 +6,7 @@ The returned object also satisfies what Megatron-Core's GPTDataset reads from a 
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import os
 from typing import Optional, Sequence
@@ -25,7 +26,7 @@ def file_sha256(paths: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
     """Common interface over the three tokenizer kinds."""
 
     kind: str
@@ -39,13 +40,13 @@ class Tokenizer:
         """Token ids of `text`, without any special tokens added."""
         return self.encode_batch([text])[0]
 
+    @abc.abstractmethod
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of several texts (implementations batch into native code)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids (special tokens kept)."""
-        raise NotImplementedError
 
     @property
     def sha256(self) -> str:

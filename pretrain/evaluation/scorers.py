@@ -15,6 +15,7 @@ dropped), so the two backends compute the same distribution.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ class RunInfo:
     extra: dict = field(default_factory=dict)
 
 
-class Scorer:
+class Scorer(abc.ABC):
     """A causal LM that returns per-token losses at given RoPE positions."""
 
     backend: str = ""
@@ -84,13 +85,13 @@ class Scorer:
                              "data was tokenised with a different tokenizer than the model's")
 
     # Backends implement these three.
+    @abc.abstractmethod
     def hidden_and_head(self, tokens: torch.Tensor, rope: RopePositions) -> tuple[torch.Tensor, Any]:
         """Final hidden states [b, s, h] and a callable mapping hidden -> logits over the vocabulary."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def attention_entropy(self, tokens: torch.Tensor, rope: RopePositions) -> torch.Tensor:
         """Per-query attention entropy [b, s], averaged over heads and layers."""
-        raise NotImplementedError
 
     def kv_cache_losses(self, tokens: torch.Tensor, window: int, chunk: int) -> torch.Tensor:
         """Per-position loss [b, s-1] under the paper's truncated-KV-cache sliding window."""
