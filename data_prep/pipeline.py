@@ -40,7 +40,8 @@ from data_prep.manifest import (MANIFEST_VERSION, manifest_path, read_json, shar
 from data_prep.progress import Progress
 from data_prep.readers import Unit, iter_unit, plan_units
 from data_prep.tokenizers import Tokenizer, load_tokenizer
-from data_prep.writer import checksums, matches_checksums, token_dtype
+from data_prep.writer import (checksums, import_megatron_in_background, matches_checksums, megatron_indexed,
+                              token_dtype)
 
 DEFAULT_VALID_FRACTION = 0.0005  # the OpenWebText/nanoGPT convention
 SKIP_LOG_LIMIT = 50  # skip messages kept per unit (all skips are counted)
@@ -317,14 +318,19 @@ def _pool(workers: int, initargs: tuple):
     return ctx.Pool(workers, initializer=_init_worker, initargs=initargs)
 
 
-def _map(fn, tasks: list, workers: int, initargs: tuple):
-    """Yield fn(task) for each task, in completion order, in-process or on a worker pool."""
+def _map(fn, tasks: list, workers: int, initargs: tuple, after_fork=None):
+    """Yield fn(task) for each task, in completion order, in-process or on a worker pool.
+
+    `after_fork` runs once the pool's workers exist (never when the tasks run in-process).
+    """
     if workers <= 1 or len(tasks) <= 1:
         _init_worker(*initargs)
         for t in tasks:
             yield fn(t)
         return
     with _pool(min(workers, len(tasks)), initargs) as pool:
+        if after_fork is not None:
+            after_fork()
         yield from pool.imap_unordered(fn, tasks)
 
 
@@ -412,7 +418,10 @@ def _build(cfg: BuildConfig, comm: Comm) -> dict:
     bar = Progress(total_bytes, enabled=cfg.progress and comm.rank == 0, desc="tokenise")
     bar.update(sum(units[i].est_bytes for i in records), 0, 0)
     printed = 0
-    for rec in _map(tokenize_unit, [(i, units[i]) for i in todo], cfg.workers, initargs):
+    # Megatron (for stage 2) is imported while the workers tokenise; fresh units mean outputs to write.
+    waits = []
+    for rec in _map(tokenize_unit, [(i, units[i]) for i in todo], cfg.workers, initargs,
+                    after_fork=lambda: waits.append(import_megatron_in_background())):
         bar.update(rec["in_bytes"], rec["docs_read"], rec["tokens"])
         for msg in rec["skip_log"]:
             if printed < 20:
@@ -449,9 +458,9 @@ def _build(cfg: BuildConfig, comm: Comm) -> dict:
         else:
             entries[n] = e
     _log(comm, f"stage 2/2: writing {len(names)} outputs ({len(my_names) - len(todo2)} complete on rank 0)")
+    for wait in waits:
+        wait()  # before any fork below
     if todo2:
-        from data_prep.writer import megatron_indexed
-
         megatron_indexed()  # import once, before forking, so workers inherit it
     tasks = [(n, prefixes[n], work, len(units), valid, fingerprint, dtype, cfg.num_shards) for n in todo2]
     tok_total = sum(r["tokens"] for r in all_recs)

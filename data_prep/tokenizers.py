@@ -77,7 +77,7 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         fast = getattr(self, "_fast", None)
         if fast is not None:
-            return fast.encode_ordinary_batch(texts, num_threads=1)
+            return [fast.encode_ordinary(t) for t in texts]  # no thread pool: one worker = one core
         # encode_batch_fast (tokenizers >= 0.20) skips offset tracking; ids are the same.
         enc = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
         return [e.ids for e in enc(texts, add_special_tokens=False)]

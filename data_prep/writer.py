@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Iterable
+import threading
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -25,6 +26,32 @@ def megatron_indexed():
         warnings.simplefilter("ignore")
         from megatron.core.datasets import indexed_dataset
     return indexed_dataset
+
+
+def import_megatron_in_background() -> Callable[[], None]:
+    """Start importing Megatron-Core on a thread; returns a function that waits for it (re-raising its error).
+
+    The import costs ~4 CPU-seconds (torch + megatron.core's package imports) and is needed only to
+    write shards, so it runs while the tokenising workers work instead of after them. Call it only
+    after the worker pool has forked: a fork during an import can leave the child holding its lock.
+    """
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            megatron_indexed()
+        except BaseException as e:  # surfaced by wait(), in the main thread
+            failure.append(e)
+
+    thread = threading.Thread(target=target, name="megatron-import", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if failure:
+            raise failure[0]
+
+    return wait
 
 
 def token_dtype(vocab_size: int) -> type:

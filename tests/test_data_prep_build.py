@@ -237,3 +237,15 @@ def test_embedded_corpus_is_deterministic_text(tmp_path):
 
 def output_files_txt(d) -> dict:
     return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))}
+
+
+def test_background_megatron_import_reraises_its_error_when_waited_on(monkeypatch):
+    import data_prep.writer as writer
+
+    def broken_import():
+        raise ImportError("megatron.core is not installed")
+
+    monkeypatch.setattr(writer, "megatron_indexed", broken_import)
+    wait = writer.import_megatron_in_background()
+    with pytest.raises(ImportError, match="megatron.core is not installed"):
+        wait()
