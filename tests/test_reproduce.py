@@ -81,3 +81,11 @@ def test_rerun_reuses_finished_runs_and_evaluations(tiny_reproduction):
         assert re.search(rf"\] training {method}_s42 ", first), method
         assert re.search(rf"\] {method}_s42: finished earlier, reusing", second), second[-2000:]
     assert "] training " not in second and "[eval " not in second
+
+
+def test_long_preset_has_a_larger_window_more_tokens_and_evaluates_at_8w():
+    small, long = PRESETS["cpu-small"], PRESETS["cpu-long"]
+    assert long.window > small.window
+    assert long.train_tokens > small.train_tokens
+    assert long.eval_length == 8 * long.window
+    assert long.train_tokens % (long.global_batch_size * long.window) == 0
