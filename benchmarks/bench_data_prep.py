@@ -273,7 +273,7 @@ def main() -> int:
             print(f"note: token counts differ ({a['tokens']} vs {b['tokens']})")
         big_a, big_b = results.get(f"data_prep_x{args.scale}"), results.get(f"megatron_lm_x{args.scale}")
         if big_a and big_b:
-            # the faster of data_prep's two 1x runs: the larger subtrahend gives the lower (conservative) rate
+            # the faster of data_prep's two 1x runs: subtracting less time gives the lower (conservative) rate
             small_a = min((results["data_prep"], results["data_prep_again"]), key=lambda r: r["wall"])
             rate_a = (big_a["tokens"] - small_a["tokens"]) / max(1e-9, big_a["wall"] - small_a["wall"])
             rate_b = (big_b["tokens"] - b["tokens"]) / max(1e-9, big_b["wall"] - b["wall"])
