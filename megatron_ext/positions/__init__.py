@@ -20,13 +20,20 @@ Decisions where the sources leave room (each is tested):
   sin). The PosAug paper's "sqrt(1 + 0.1 ln s)" wording is not what HF computes.
 - dynamic_ntk with factor None uses factor 1: HF's dynamic formula already scales
   with seq_len / original length, so deriving the factor from it would count twice.
-- Per-sample positions ([b, s]) are keyed by (seed, step, microbatch) like
-  everything else, so data-parallel ranks use the same per-sample rows for their
-  (different) samples.
+- Layout invariance: every draw is keyed on (seed, optimizer step) and, for
+  positions.granularity=per_sample, the sequence's index in the step's global batch;
+  never on TP/PP/DP/CP sizes, micro-batch size or gradient-accumulation count. The
+  same run on 1 or 64 GPUs draws the same positions for the same sequence.
+- Granularity defaults follow the papers: PosAug, random_base and RPE ("per batch")
+  per_step; RFS (per sequence) and index warping ("a fraction of instances")
+  per_sample. per_sample positions are [b, s] and force unfused RoPE.
+- posaug per_sample draws one alpha per sequence (per layer and sequence in
+  layer_mode=independent); random_base per_sample gives inv_freq [b, d/2]; cycle
+  (one alpha per step by definition) requires per_step.
 """
 
-from .config import (ALPHA_DISTRIBUTIONS, CURRICULA, LAYER_MODES, STRATEGIES, TAIL_FUNCTIONS,
-                     PositionConfig)
+from .config import (ALPHA_DISTRIBUTIONS, CURRICULA, DEFAULT_GRANULARITY, GRANULARITIES, LAYER_MODES,
+                     STRATEGIES, TAIL_FUNCTIONS, PositionConfig)
 from .rng import position_generator
 from .rope_positions import RopePositions
 from .sampler import PositionSampler, build_sampler
@@ -35,6 +42,8 @@ from .scaling import ROPE_SCALING_KINDS, RopeScaling, rope_inv_freq, scaled_inv_
 __all__ = [
     "ALPHA_DISTRIBUTIONS",
     "CURRICULA",
+    "DEFAULT_GRANULARITY",
+    "GRANULARITIES",
     "LAYER_MODES",
     "ROPE_SCALING_KINDS",
     "STRATEGIES",

@@ -12,6 +12,12 @@ ALPHA_DISTRIBUTIONS = ("uniform", "log_uniform", "discrete", "cycle", "fixed")
 CURRICULA = ("none", "linear", "step")
 LAYER_MODES = ("all", "bottom", "top", "independent")
 TAIL_FUNCTIONS = ("sqrt", "beta_2_5")
+GRANULARITIES = ("per_step", "per_sample")
+# What each strategy's paper does when positions.granularity is not set: PosAug draws alpha
+# per step and Ruoss et al. (RPE) "per batch"; RFS samples per sequence; index warping
+# warps "a fraction of instances".
+DEFAULT_GRANULARITY = {"none": "per_step", "posaug": "per_step", "random_base": "per_step",
+                       "rfs": "per_sample", "rpe": "per_step", "warp": "per_sample"}
 
 # Positions are float32; integers above 2**24 are no longer exactly representable.
 MAX_POSITION_LIMIT = 2**24
@@ -82,6 +88,10 @@ class PositionConfig:
     """Position strategy and its hyperparameters (YAML keys `positions.<field>`)."""
 
     strategy: str = "none"  # none | posaug | random_base | rfs | rpe | warp
+    # per_step: one draw shared by the whole global batch of an optimizer step; per_sample: one
+    # draw per sequence, keyed by its index in the global batch. None = the strategy's paper
+    # default (DEFAULT_GRANULARITY). per_sample positions are [b, s] and use unfused RoPE.
+    granularity: str | None = None  # per_step | per_sample
 
     # posaug: alpha is drawn once per optimizer step and scales positions to alpha * i.
     alpha_min: float = 0.125
@@ -107,7 +117,9 @@ class PositionConfig:
 
     # rfs (scale L of the [0, 1) range) / rpe (integers drawn from {0..L-1}).
     max_position: int = 1000
-    per_sample: bool = False
+    # Legacy spelling of granularity (configs saved before it existed): true = per_sample,
+    # false = per_step. Folded into granularity and reset to None on construction.
+    per_sample: bool | None = None
 
     # warp (position index warping): per sample, head with p_head, tail with p_tail.
     p_head: float = 0.15
@@ -194,7 +206,6 @@ class PositionConfig:
         self.max_position = _int("max_position", self.max_position)
         if not 1 <= self.max_position <= MAX_POSITION_LIMIT:
             raise _err("max_position", f"in [1, {MAX_POSITION_LIMIT}] (float32 positions)", self.max_position)
-        self.per_sample = _bool("per_sample", self.per_sample)
 
         self.p_head = _float("p_head", self.p_head)
         if not 0.0 <= self.p_head <= 1.0:
@@ -221,6 +232,26 @@ class PositionConfig:
             self.rope_scaling_factor = _float("rope_scaling_factor", self.rope_scaling_factor)
             if self.rope_scaling_factor < 1:
                 raise _err("rope_scaling_factor", "None or >= 1", self.rope_scaling_factor)
+        self._resolve_granularity()
+
+    def _resolve_granularity(self) -> None:
+        if self.granularity is not None:
+            self.granularity = _choice("granularity", self.granularity, GRANULARITIES)
+        if self.per_sample is not None:
+            legacy = "per_sample" if _bool("per_sample", self.per_sample) else "per_step"
+            if self.granularity not in (None, legacy):
+                raise ValueError(
+                    f"positions.per_sample={str(legacy == 'per_sample').lower()} contradicts "
+                    f"positions.granularity={self.granularity}; drop positions.per_sample (it is the "
+                    "old spelling of positions.granularity)")
+            self.granularity, self.per_sample = legacy, None
+        if self.granularity is None:
+            self.granularity = DEFAULT_GRANULARITY[self.strategy]
+        if (self.granularity == "per_sample" and self.strategy == "posaug"
+                and self.alpha_distribution == "cycle"):
+            raise ValueError(
+                "positions.alpha_distribution=cycle walks alpha_values one per optimizer step, so "
+                "positions.granularity must be per_step (got per_sample)")
 
     def validate_for(self, seq_len: int) -> None:
         """Check settings that depend on the sequence length (raises ValueError)."""

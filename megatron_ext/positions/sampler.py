@@ -1,13 +1,20 @@
-"""`PositionSampler`: turns a `PositionConfig` into per-microbatch `RopePositions`.
+"""`PositionSampler`: turns a `PositionConfig` into the `RopePositions` of a microbatch.
 
-Randomness contract (see rng.py): every draw is a pure function of
-(seed, step, microbatch, stream), so all parallel ranks agree without
-communication and a restarted run reproduces the same positions.
+Randomness contract (see rng.py): every draw is a pure function of the seed, the
+optimizer step and, for per-sample draws, the sequence's index in the step's global
+batch. Nothing depends on TP/PP/DP/CP sizes, micro-batch size or the number of
+microbatches, so a run draws the same positions for the same sequence in any parallel
+layout; all ranks agree without communication; a restarted run reproduces them.
+Granularity (`positions.granularity`): per_step = one draw for the whole global batch
+(positions [s]); per_sample = one draw per sequence (positions [b, s], or per-sample
+inverse frequencies for random_base).
 
-Cost contract: position tensors are built on the requested device with a
-handful of tensor ops; per-step scalars (alpha, RoPE base) are drawn with a CPU
-generator, which never waits on the accelerator. Nothing in `training` reads a
-device tensor back to the host.
+Cost contract: position tensors are built on the requested device with a handful of
+tensor ops; per-step scalars (alpha, RoPE base) are drawn with a CPU generator, which
+never waits on the accelerator. Nothing in `training` reads a device tensor back to the
+host. per_sample adds one generator and one small RNG call per sequence of the
+microbatch (O(micro_batch_size) kernel launches), and its [b, s] positions leave the
+fused RoPE path (Transformer Engine's fused kernel takes one position row per batch).
 """
 
 from __future__ import annotations
@@ -62,50 +69,45 @@ class PositionSampler:
 
     @property
     def needs_per_sample(self) -> bool:
-        """True when positions are [b, s] and `training` needs batch_size."""
-        cfg = self.config
-        return cfg.strategy == "warp" or (cfg.strategy in ("rfs", "rpe") and cfg.per_sample)
+        """True when training positions differ per sequence ([b, s]; the model must use unfused RoPE)."""
+        return self.config.granularity == "per_sample" and self.config.strategy != "none"
 
-    def training(self, step: int, microbatch: int, seq_len: int, batch_size: int | None = None,
+    def training(self, step: int, seq_len: int, *, first_sample: int, batch_size: int,
                  device: torch.device | str | None = None) -> RopePositions:
-        """Positions for microbatch `microbatch` of optimizer step `step`."""
+        """Positions of the `batch_size` sequences of step `step` whose global-batch indices start at `first_sample`."""
         if step < 0:
             raise ValueError(f"step must be >= 0 (got {step})")
-        if microbatch < 0:
-            raise ValueError(f"microbatch must be >= 0 (got {microbatch}); -1 is reserved for per-step draws")
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1 (got {seq_len})")
-        if self.needs_per_sample and (batch_size is None or batch_size < 1):
-            raise ValueError(
-                f"strategy {self.config.strategy!r} draws positions per sample: pass batch_size >= 1 "
-                f"(got {batch_size})"
-            )
+        if first_sample < 0:
+            raise ValueError(f"first_sample must be >= 0 (got {first_sample}): it is the index of the "
+                             "microbatch's first sequence in the step's global batch")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
         device = _device(device)
-        strategy = self.config.strategy
-        if strategy == "none":
+        samples = range(first_sample, first_sample + batch_size) if self.needs_per_sample else None
+        cfg = self.config
+        if cfg.strategy == "none":
             return RopePositions(strategies.scaled_positions(seq_len, 1.0, device))
-        if strategy == "posaug":
-            return self._posaug(step, seq_len, device)
-        if strategy == "random_base":
-            base = self.sample_base(step)
+        if cfg.strategy == "posaug":
+            return self._posaug(step, seq_len, samples, device)
+        if cfg.strategy == "random_base":
             return RopePositions(strategies.scaled_positions(seq_len, 1.0, device),
-                                 inv_freq=rope_inv_freq(self.rotary_dim, base, device))
-        shape = (batch_size, seq_len) if self.needs_per_sample else (seq_len,)
-        generator = position_generator(self.seed, step, microbatch, device, STREAM_POSITIONS)
-        if strategy == "rfs":
-            return RopePositions(strategies.rfs_train_positions(shape, self.config.max_position, generator, device))
-        if strategy == "rpe":
-            self.config.validate_for(seq_len)
-            return RopePositions(strategies.rpe_positions(shape, self.config.max_position, generator, device))
-        if strategy == "warp":
-            cfg = self.config
+                                 inv_freq=self._random_inv_freq(step, samples, device))
+        if cfg.strategy == "rfs":
+            uniforms = self._uniforms(step, samples, seq_len, STREAM_POSITIONS, device)
+            return RopePositions(strategies.rfs_train_positions(uniforms, cfg.max_position))
+        if cfg.strategy == "rpe":
+            cfg.validate_for(seq_len)
+            keys = self._uniforms(step, samples, cfg.max_position, STREAM_POSITIONS, device)
+            return RopePositions(strategies.rpe_positions(keys, seq_len))
+        if cfg.strategy == "warp":
             head_alphas = None if cfg.head_alpha_fixed is not None else self._table("head_alphas", device)
-            positions = strategies.warp_positions(
-                batch_size, seq_len, p_head=cfg.p_head, p_tail=cfg.p_tail, head_alphas=head_alphas,
-                head_alpha_fixed=cfg.head_alpha_fixed, tail_function=cfg.tail_function,
-                generator=generator, device=device)
-            return RopePositions(positions)
-        raise AssertionError(f"unhandled strategy {strategy!r}")  # guarded by PositionConfig
+            uniforms = self._uniforms(step, samples, 2, STREAM_POSITIONS, device)
+            return RopePositions(strategies.warp_positions(
+                uniforms, seq_len, p_head=cfg.p_head, p_tail=cfg.p_tail, head_alphas=head_alphas,
+                head_alpha_fixed=cfg.head_alpha_fixed, tail_function=cfg.tail_function))
+        raise AssertionError(f"unhandled strategy {cfg.strategy!r}")  # guarded by PositionConfig
 
     def evaluation(self, seq_len: int, device: torch.device | str | None = None) -> RopePositions:
         """Deterministic positions for evaluating at `seq_len`, plus positions.rope_scaling on top."""
@@ -120,7 +122,8 @@ class PositionSampler:
             # stream makes every evaluation of a run use the same positions.
             cfg.validate_for(seq_len)
             generator = position_generator(self.seed, PER_STEP, PER_STEP, device, STREAM_EVAL)
-            positions = strategies.rpe_positions((seq_len,), cfg.max_position, generator, device)
+            keys = torch.rand(cfg.max_position, generator=generator, device=device)
+            positions = strategies.rpe_positions(keys, seq_len)
         elif cfg.strategy == "warp":
             # The warping paper evaluates with PI at ratio train_len / eval_len
             # (never stretching positions when evaluating at or below train_len).
@@ -146,18 +149,19 @@ class PositionSampler:
             if self.config.strategy == "posaug":
                 # PosAug rows are alpha * arange, so the first gap of a row is its alpha.
                 row_alpha = grid[..., 1] - grid[..., 0]
-                if rope.layer_positions is None:
+                if self.config.layer_mode in ("bottom", "top"):
+                    # The scaled rows: first layer_count (bottom) or last (top).
+                    row_alpha = row_alpha[0] if self.config.layer_mode == "bottom" else row_alpha[-1]
+                if row_alpha.numel() == 1:
                     values["alpha"] = row_alpha
-                elif self.config.layer_mode == "independent":
+                else:  # per layer (independent) and/or per sample
                     values["alpha"] = row_alpha.mean()
                     values["alpha_min"] = row_alpha.min()
                     values["alpha_max"] = row_alpha.max()
-                else:
-                    # The scaled rows: first layer_count (bottom) or last (top).
-                    values["alpha"] = row_alpha[0] if self.config.layer_mode == "bottom" else row_alpha[-1]
-        if rope.inv_freq is not None and rope.inv_freq.numel() > 1:
-            # inv_freq[1] = base ** (-2 / d)  =>  base = inv_freq[1] ** (-d / 2).
-            values["rotary_base"] = torch.exp(-torch.log(rope.inv_freq[1].double()) * self.rotary_dim / 2)
+        if rope.inv_freq is not None and rope.inv_freq.shape[-1] > 1:
+            # inv_freq[1] = base ** (-2 / d)  =>  base = inv_freq[1] ** (-d / 2); mean over samples.
+            bases = torch.exp(-torch.log(rope.inv_freq[..., 1].double()) * self.rotary_dim / 2)
+            values["rotary_base"] = bases.mean()
         # One host transfer for everything (this is the only sync, at logging time).
         stacked = torch.stack([v.reshape(()).double() for v in values.values()]).tolist()
         out = dict(zip(values.keys(), stacked))
@@ -183,7 +187,7 @@ class PositionSampler:
         return cfg.curriculum == "step" and step < cfg.curriculum_fraction * self.total_steps
 
     def sample_alpha(self, step: int) -> float:
-        """The PosAug alpha of optimizer step `step` (shared by all microbatches and ranks)."""
+        """The per_step PosAug alpha of optimizer step `step` (shared by the whole global batch)."""
         cfg = self.config
         if self.in_warmup(step):
             return 1.0
@@ -196,21 +200,28 @@ class PositionSampler:
                        dtype=torch.float64).item()
         return self._alpha_from_uniform(u, step)
 
-    def sample_layer_alphas(self, step: int, device: torch.device | str | None = None) -> torch.Tensor:
-        """Independent per-layer alphas [num_layers] of step `step`, drawn on `device`."""
+    def sample_alphas(self, step: int, samples: range, device: torch.device | str | None = None) -> torch.Tensor:
+        """Per_sample PosAug alphas [len(samples)] of step `step` for the given global sample indices."""
         device = _device(device)
-        if self.in_warmup(step):
-            return torch.ones(self.num_layers, device=device)
-        generator = position_generator(self.seed, step, PER_STEP, device, STREAM_LAYER_ALPHA)
-        u = torch.rand(self.num_layers, generator=generator, device=device)
         cfg = self.config
-        if cfg.alpha_distribution == "discrete":
-            n = len(cfg.alpha_values)
-            return self._table("alpha_values", device)[(u * n).long().clamp_(max=n - 1)]
-        return self._alpha_from_uniform(u, step)
+        if self.in_warmup(step):
+            return torch.ones(len(samples), device=device)
+        if cfg.alpha_distribution == "fixed":
+            return torch.full((len(samples),), cfg.alpha_fixed, device=device)
+        return self._alpha_from_uniform(self._uniforms(step, samples, 1, STREAM_ALPHA, device)[:, 0], step)
+
+    def sample_layer_alphas(self, step: int, device: torch.device | str | None = None,
+                            samples: range | None = None) -> torch.Tensor:
+        """Independent per-layer alphas of step `step`: [num_layers], or [num_layers, len(samples)] per sample."""
+        device = _device(device)
+        shape = (self.num_layers,) if samples is None else (self.num_layers, len(samples))
+        if self.in_warmup(step):
+            return torch.ones(shape, device=device)
+        u = self._uniforms(step, samples, self.num_layers, STREAM_LAYER_ALPHA, device)
+        return self._alpha_from_uniform(u.movedim(-1, 0), step)
 
     def sample_base(self, step: int) -> float:
-        """The random_base RoPE base of step `step`: U[min_factor * B0, max_factor * B0]."""
+        """The per_step random_base RoPE base of step `step`: U[min_factor * B0, max_factor * B0]."""
         cfg = self.config
         u = torch.rand((), generator=position_generator(self.seed, step, PER_STEP, "cpu", STREAM_BASE),
                        dtype=torch.float64).item()
@@ -218,11 +229,25 @@ class PositionSampler:
 
     # -------------------------------------------------------------------- helpers
 
+    def _uniforms(self, step: int, samples: range | None, n: int, stream: int,
+                  device: torch.device) -> torch.Tensor:
+        """U[0, 1) draws: [n] from the step's generator, or [len(samples), n], row i from sample samples[i]'s."""
+        if samples is None:
+            generator = position_generator(self.seed, step, PER_STEP, device, stream)
+            return torch.rand(n, generator=generator, device=device)
+        # One generator per sequence: row i depends only on (seed, step, global index), never on
+        # which rank or microbatch holds the sequence.
+        return torch.stack([
+            torch.rand(n, generator=position_generator(self.seed, step, sample, device, stream), device=device)
+            for sample in samples])
+
     def _alpha_from_uniform(self, u, step: int):
         """Map u ~ U[0, 1) (float or tensor) to alpha under the configured distribution."""
         cfg = self.config
         if cfg.alpha_distribution == "discrete":
             n = len(cfg.alpha_values)
+            if isinstance(u, torch.Tensor):
+                return self._table("alpha_values", u.device)[(u * n).long().clamp_(max=n - 1)]
             return cfg.alpha_values[min(int(u * n), n - 1)]
         lo, hi = self.alpha_range(step)
         if cfg.alpha_distribution == "log_uniform":
@@ -237,19 +262,31 @@ class PositionSampler:
             self._device_tables[key] = torch.tensor(getattr(self.config, name), dtype=torch.float32, device=device)
         return self._device_tables[key]
 
-    def _posaug(self, step: int, seq_len: int, device: torch.device) -> RopePositions:
+    def _random_inv_freq(self, step: int, samples: range | None, device: torch.device) -> torch.Tensor:
+        """random_base inverse frequencies: [d/2] per step, or [b, d/2] (one base per sequence)."""
+        if samples is None:
+            return rope_inv_freq(self.rotary_dim, self.sample_base(step), device)
+        cfg = self.config
+        u = self._uniforms(step, samples, 1, STREAM_BASE, device)
+        bases = self.rotary_base * (cfg.base_min_factor + u * (cfg.base_max_factor - cfg.base_min_factor))
+        exponent = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
+        return 1.0 / bases**exponent
+
+    def _posaug(self, step: int, seq_len: int, samples: range | None, device: torch.device) -> RopePositions:
         mode = self.config.layer_mode
         base = strategies.scaled_positions(seq_len, 1.0, device)
         if mode == "independent":
-            alphas = self.sample_layer_alphas(step, device)
-            return RopePositions(base, layer_positions=alphas.unsqueeze(1) * base)
-        alpha = self.sample_alpha(step)
-        scaled = base * alpha
+            alphas = self.sample_layer_alphas(step, device, samples)  # [L] or [L, b]
+            return RopePositions(base, layer_positions=alphas.unsqueeze(-1) * base)
+        if samples is None:
+            scaled = base * self.sample_alpha(step)  # [s]
+        else:
+            scaled = self.sample_alphas(step, samples, device).unsqueeze(1) * base  # [b, s]
         if mode == "all":
             return RopePositions(scaled)
         # bottom/top: the listed layers get alpha * i, the others the plain positions.
         # The mask is built on device from arange, so no host->device copy is needed.
-        layer = torch.arange(self.num_layers, device=device).unsqueeze(1)
+        layer = torch.arange(self.num_layers, device=device).view(-1, *[1] * scaled.dim())
         k = self.config.layer_count
         chosen = layer < k if mode == "bottom" else layer >= self.num_layers - k
         return RopePositions(base, layer_positions=torch.where(chosen, scaled, base))

@@ -11,13 +11,11 @@ def scaled_positions(seq_len: int, alpha: float, device: torch.device) -> torch.
     return positions if alpha == 1.0 else positions * alpha
 
 
-def rfs_train_positions(shape: tuple[int, ...], max_position: int, generator: torch.Generator,
-                        device: torch.device) -> torch.Tensor:
-    """Random float sampling: sorted U[0, 1) draws scaled by L, along the last dim of `shape`."""
+def rfs_train_positions(uniforms: torch.Tensor, max_position: int) -> torch.Tensor:
+    """Random float sampling: U[0, 1) draws [..., s] sorted along the last dim and scaled by L."""
     # Non-decreasing always; strictly increasing unless two float32 draws coincide
     # (probability ~ s^2 / 2^25 per sequence; the tied tokens then share a position).
-    draws = torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
-    return draws.sort(dim=-1).values * max_position
+    return uniforms.sort(dim=-1).values * max_position
 
 
 def rfs_eval_positions(seq_len: int, train_seq_len: int, max_position: int,
@@ -28,13 +26,10 @@ def rfs_eval_positions(seq_len: int, train_seq_len: int, max_position: int,
     return (max_position * (2 * i - 1) / (2 * max(train_seq_len, seq_len))).to(torch.float32)
 
 
-def rpe_positions(shape: tuple[int, ...], max_position: int, generator: torch.Generator,
-                  device: torch.device) -> torch.Tensor:
-    """Sorted distinct integers from {0..L-1}, sampled without replacement along the last dim."""
-    *batch, seq_len = shape
+def rpe_positions(keys: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Sorted distinct integers from {0..L-1}: the seq_len largest of L uniform keys [..., L]."""
     # The indices of the seq_len largest of L i.i.d. uniform keys form a uniformly
     # random seq_len-subset: a batched, on-device sample without replacement.
-    keys = torch.rand((*batch, max_position), generator=generator, device=device)
     chosen = keys.topk(seq_len, dim=-1, sorted=False).indices
     return chosen.sort(dim=-1).values.to(torch.float32)
 
@@ -49,19 +44,19 @@ def skew(x: torch.Tensor, function: str) -> torch.Tensor:
     raise ValueError(f"unknown tail function {function!r} (choose sqrt or beta_2_5)")
 
 
-def warp_positions(batch_size: int, seq_len: int, *, p_head: float, p_tail: float,
+def warp_positions(uniforms: torch.Tensor, seq_len: int, *, p_head: float, p_tail: float,
                    head_alphas: torch.Tensor | None, head_alpha_fixed: float | None,
-                   tail_function: str, generator: torch.Generator,
-                   device: torch.device) -> torch.Tensor:
-    """Position index warping, per sample: head alpha*j w.p. p_head, tail l*f(j/l) w.p. p_tail, else j."""
-    j = torch.arange(seq_len, dtype=torch.float32, device=device)
-    choice = torch.rand((batch_size, 1), generator=generator, device=device)
+                   tail_function: str) -> torch.Tensor:
+    """Index warping from uniforms [..., 2] (kind, head alpha): head alpha*j w.p. p_head, tail l*f(j/l) w.p. p_tail, else j."""
+    j = torch.arange(seq_len, dtype=torch.float32, device=uniforms.device)
+    choice = uniforms[..., :1]
     if head_alpha_fixed is not None:
         head = j * head_alpha_fixed
     else:
         assert head_alphas is not None
-        index = torch.randint(head_alphas.numel(), (batch_size,), generator=generator, device=device)
-        head = head_alphas[index].unsqueeze(1) * j
+        n = head_alphas.numel()
+        index = (uniforms[..., 1] * n).long().clamp_(max=n - 1)
+        head = head_alphas[index].unsqueeze(-1) * j
     # l is the sequence length (Eq. 8 of the warping paper: l * f(j / l), j = 0..l-1).
     length = float(seq_len)
     tail = length * skew(j / length, tail_function)

@@ -38,6 +38,8 @@ def make_sampler(config: PositionConfig, *, train_seq_len: int = 64, num_layers:
         ({"head_alpha_fixed": 0.0}, "positions.head_alpha_fixed must be None or in (0, 1]"),
         ({"rope_scaling_factor": 0.5}, "positions.rope_scaling_factor must be None or >= 1 (got 0.5)"),
         ({"per_sample": "maybe"}, "positions.per_sample must be a boolean"),
+        ({"strategy": "posaug", "alpha_distribution": "cycle", "granularity": "per_sample"},
+         "positions.granularity must be per_step (got per_sample)"),
         ({"alpha_max": "wide"}, "positions.alpha_max must be a number (got 'wide')"),
     ],
 )
@@ -56,6 +58,7 @@ def test_invalid_numeric_parameter_is_rejected_with_its_field_and_value(override
         ("layer_mode", "middle", "all, bottom, top, independent"),
         ("tail_function", "cube", "sqrt, beta_2_5"),
         ("rope_scaling", "longrope", "none, pi, ntk, dynamic_ntk, yarn"),
+        ("granularity", "per_microbatch", "per_step, per_sample"),
     ],
 )
 def test_unknown_choice_is_rejected_with_the_list_of_choices(field, value, choices):
@@ -103,12 +106,28 @@ def test_layer_count_above_num_layers_is_rejected_by_the_sampler():
 
 def test_yaml_lists_and_command_line_strings_are_normalised():
     config = PositionConfig(alpha_values=[1, 2, 4], head_alphas="0.5,0.25", alpha_min="0.25",
-                            per_sample="true", max_position=2048.0)
+                            max_position=2048.0)
     assert config.alpha_values == (1.0, 2.0, 4.0)
     assert config.head_alphas == (0.5, 0.25)
     assert config.alpha_min == 0.25
-    assert config.per_sample is True
     assert config.max_position == 2048 and isinstance(config.max_position, int)
+
+
+@pytest.mark.parametrize("legacy, granularity", [(True, "per_sample"), ("false", "per_step")])
+def test_legacy_per_sample_field_becomes_granularity(legacy, granularity):
+    # Configs saved before positions.granularity existed carry per_sample: true/false.
+    config = PositionConfig(strategy="rfs", per_sample=legacy)
+    assert config.granularity == granularity and config.per_sample is None
+
+
+def test_legacy_per_sample_contradicting_granularity_is_rejected():
+    with pytest.raises(ValueError, match="positions.per_sample=true contradicts positions.granularity=per_step"):
+        PositionConfig(strategy="rfs", per_sample=True, granularity="per_step")
+
+
+def test_explicit_granularity_overrides_the_strategy_default():
+    assert PositionConfig(strategy="rfs", granularity="per_step").granularity == "per_step"
+    assert PositionConfig(strategy="posaug", granularity="per_sample").granularity == "per_sample"
 
 
 def test_default_config_is_the_identity_strategy_with_paper_defaults():
@@ -133,13 +152,13 @@ def test_invalid_rope_scaling_is_rejected(kwargs, message):
         RopeScaling(**kwargs)
 
 
-def test_per_sample_strategy_without_batch_size_is_rejected():
+def test_zero_batch_size_is_rejected():
     sampler = make_sampler(PositionConfig(strategy="warp"))
-    with pytest.raises(ValueError, match="pass batch_size"):
-        sampler.training(step=0, microbatch=0, seq_len=16)
+    with pytest.raises(ValueError, match=r"batch_size must be >= 1 \(got 0\)"):
+        sampler.training(0, 16, first_sample=0, batch_size=0)
 
 
-def test_negative_microbatch_is_reserved_for_per_step_draws():
-    sampler = make_sampler(PositionConfig(strategy="posaug"))
-    with pytest.raises(ValueError, match="microbatch must be >= 0"):
-        sampler.training(step=0, microbatch=-1, seq_len=16)
+def test_negative_first_sample_is_rejected_because_it_indexes_the_global_batch():
+    sampler = make_sampler(PositionConfig(strategy="rfs"))
+    with pytest.raises(ValueError, match="first_sample must be >= 0 .* index of the microbatch's first sequence"):
+        sampler.training(0, 16, first_sample=-1, batch_size=2)
