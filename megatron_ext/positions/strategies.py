@@ -47,7 +47,7 @@ def skew(x: torch.Tensor, function: str) -> torch.Tensor:
 def warp_positions(uniforms: torch.Tensor, seq_len: int, *, p_head: float, p_tail: float,
                    head_alphas: torch.Tensor | None, head_alpha_fixed: float | None,
                    tail_function: str) -> torch.Tensor:
-    """Index warping from uniforms [..., 2] (kind, head alpha): head alpha*j w.p. p_head, tail l*f(j/l) w.p. p_tail, else j."""
+    """Index warping from uniforms [..., 2] (kind, head alpha): head w.p. p_head, tail w.p. p_tail, else j."""
     j = torch.arange(seq_len, dtype=torch.float32, device=uniforms.device)
     choice = uniforms[..., :1]
     if head_alpha_fixed is not None:
