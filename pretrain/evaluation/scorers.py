@@ -1,7 +1,7 @@
 """Two scoring backends behind one interface.
 
 - `HFScorer`: any Hugging Face causal LM with RoPE (and our Megatron checkpoints converted
-  in memory by `pretrain.hf_export.megatron_to_llama`). SDPA attention with `is_causal`, so
+  in memory by `pretrain.hf.export.megatron_to_llama`). SDPA attention with `is_causal`, so
   memory grows linearly with the evaluation length; the LM head runs in chunks so logits
   are never [L, V] at once. Float evaluation positions go in as `position_ids`; replacement
   inverse frequencies / YaRN attention factor are written into the rotary module(s) for
@@ -298,7 +298,7 @@ class MegatronScorer(Scorer):
 
 def is_megatron_checkpoint(path: str | Path) -> bool:
     """True for a run directory or iter_* directory written by our trainer."""
-    from pretrain import checkpoint
+    from pretrain.trainer import checkpoint
 
     try:
         checkpoint.resolve(path)
@@ -325,7 +325,8 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
     if not path.exists():
         raise FileNotFoundError(f"{source}: no such checkpoint or model directory")
     if is_megatron_checkpoint(path):
-        from pretrain.checkpoint import load_for_inference, read_train_state
+        from pretrain.trainer.checkpoint import read_train_state
+        from pretrain.trainer.inference_model import load_for_inference
 
         model, config = load_for_inference(path)
         window = config.model.seq_length
@@ -341,7 +342,7 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
         if backend == "megatron":
             return MegatronScorer(model.to(device), config.model, info, positions=config.positions,
                                   rope_scaling=scaling)
-        from pretrain.hf_export import megatron_to_llama
+        from pretrain.hf.export import megatron_to_llama
 
         hf = megatron_to_llama(model, config.model, vocab_size=config.model.vocab_size).to(device)
         return HFScorer(hf, info, positions=config.positions, rope_scaling=scaling)

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 import yaml
 
-from megatron_ext.model import ModelConfig, ParallelConfig, preset
+from megatron_ext.model import ModelConfig, ParallelConfig
+from pretrain.experiments.table import model_preset
 from megatron_ext.positions import PositionConfig
-from pretrain.engine import OptimizerSettings
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass
@@ -31,6 +31,31 @@ class DataConfig:
     data_path: str | None = None  # data_prep --output-prefix; shards and manifest are found from it
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
     num_workers: int = 0
+
+
+@dataclass
+class OptimizerSettings:
+    """AdamW + warmup/cosine schedule; names follow Megatron's arguments (PosAug Table 16)."""
+
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "cosine"
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"optimizer.lr must be > 0 and 0 <= optimizer.min_lr <= lr "
+                             f"(got lr={self.lr}, min_lr={self.min_lr})")
+        if self.lr_decay_style not in ("cosine", "linear", "constant"):
+            raise ValueError(f"optimizer.lr_decay_style must be cosine, linear or constant "
+                             f"(got {self.lr_decay_style!r})")
+        if self.lr_warmup_iters < 0:
+            raise ValueError(f"optimizer.lr_warmup_iters must be >= 0 (got {self.lr_warmup_iters})")
 
 
 @dataclass
@@ -211,7 +236,7 @@ def from_dict(raw: dict) -> TrainConfig:
         values = {name: _coerce(section, f, values[name]) for name, f in
                   ((f.name, f) for f in dataclasses.fields(cls)) if name in values}
         if section == "model" and raw.get("preset"):
-            kwargs[section] = preset(raw["preset"], **values)
+            kwargs[section] = model_preset(raw["preset"], **values)
         else:
             kwargs[section] = cls(**values)
     return TrainConfig(**kwargs)

@@ -135,7 +135,7 @@ def run_overrides(preset: Preset, method: str, seed: int, data_prefix: str, run_
 
 def train_runs(out: Path, preset: Preset, seeds: list[int], data_prefix: str) -> dict[str, Path]:
     """Train every (method, seed) not finished yet; returns run name → run dir."""
-    from pretrain.checkpoint import latest_iteration
+    from pretrain.trainer.checkpoint import latest_iteration
 
     runs = {f"{m}_s{s}": (m, s) for s in seeds for m in preset.methods}
     iters = preset.train_tokens // (preset.global_batch_size * preset.window)

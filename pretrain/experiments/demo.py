@@ -15,7 +15,7 @@ import copy
 import sys
 from pathlib import Path
 
-from pretrain import reproduce
+from pretrain.experiments import reproduce
 
 
 def main(argv: list[str]) -> int:
