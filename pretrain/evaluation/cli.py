@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from megatron_ext.positions import ROPE_SCALING_KINDS
+
 from . import metrics, passkey as retrieval, report
 from .data import TokenStream, eval_spans, load_stream
 from .scorers import BACKENDS, Scorer, load_scorer
@@ -85,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=BACKENDS, default="hf",
                      help="hf: SDPA, memory linear in L (default); megatron: FloatPositionGPTModel directly")
     run.add_argument("--train-window", type=int, help="training window w (required for HF dirs)")
-    run.add_argument("--rope-scaling", choices=("none", "pi", "ntk", "dynamic_ntk", "yarn"),
+    run.add_argument("--rope-scaling", choices=ROPE_SCALING_KINDS,
                      help="inference-time RoPE transform on top of the run's evaluation positions")
     run.add_argument("--factor", type=float, help="rope scaling factor (default: L_eval / w)")
     run.add_argument("--batch-size", type=int, help="spans per forward pass (default: from --max-batch-tokens)")
