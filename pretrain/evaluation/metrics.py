@@ -54,21 +54,41 @@ def default_in_start(window: int) -> int:
     return 64 if window > 64 else max(1, window // 2)
 
 
-def cliff(losses: torch.Tensor, window: int, *, in_start: int | None = None,
-          ood_end: int | None = None) -> dict[str, float]:
-    """{'in_dist', 'ood', 'cliff'}: mean loss at targets t in (w, ood_end) minus t in [in_start, w]."""
-    curve = _mean_curve(losses)  # index i holds target position t = i + 1
+def span_cliffs(losses: torch.Tensor, window: int, *, in_start: int | None = None,
+                ood_end: int | None = None) -> dict[str, torch.Tensor]:
+    """Per span: mean loss at targets t in [in_start, w] ('in_dist') and in (w, ood_end) ('ood'), float64 [n]."""
+    losses = losses.double()[None] if losses.dim() == 1 else losses.double()  # index i = target t = i + 1
     in_start = default_in_start(window) if in_start is None else in_start
-    length = curve.numel() + 1
+    length = losses.shape[1] + 1
     ood_end = length if ood_end is None else min(ood_end, length)
     if not 1 <= in_start <= window:
         raise ValueError(f"in_start must be in [1, w={window}] (got {in_start})")
     if ood_end <= window + 1:
         raise ValueError(f"the cliff needs evaluation spans longer than w + 1 = {window + 1} tokens "
                          f"(got {length}); raise --lengths")
-    in_dist = curve[in_start - 1:window].mean().item()
-    ood = curve[window:ood_end - 1].mean().item()
+    return {"in_dist": losses[:, in_start - 1:window].mean(1), "ood": losses[:, window:ood_end - 1].mean(1)}
+
+
+def cliff(losses: torch.Tensor, window: int, *, in_start: int | None = None,
+          ood_end: int | None = None) -> dict[str, float]:
+    """{'in_dist', 'ood', 'cliff'}: mean loss at targets t in (w, ood_end) minus t in [in_start, w]."""
+    in_start = default_in_start(window) if in_start is None else in_start
+    # every span has the same targets, so the mean of span means is the mean curve's mean
+    spans = span_cliffs(losses, window, in_start=in_start, ood_end=ood_end)
+    in_dist, ood = spans["in_dist"].mean().item(), spans["ood"].mean().item()
     return {"in_dist": in_dist, "ood": ood, "cliff": ood - in_dist, "in_start": in_start, "window": window}
+
+
+def standard_error(values: torch.Tensor) -> float:
+    """Standard error of the mean of `values` (sample std / sqrt(n)); NaN for fewer than two."""
+    values = torch.as_tensor(values, dtype=torch.float64)
+    return (values.std() / math.sqrt(values.numel())).item() if values.numel() > 1 else math.nan
+
+
+def paired_reduction(baseline_cliffs: torch.Tensor, cliffs: torch.Tensor) -> tuple[float, float]:
+    """(mean, standard error) of baseline minus method cliff, paired span by span (same tokens)."""
+    difference = torch.as_tensor(baseline_cliffs, dtype=torch.float64) - torch.as_tensor(cliffs, dtype=torch.float64)
+    return difference.mean().item(), standard_error(difference)
 
 
 def in_distribution_penalty(in_dist: float, baseline_in_dist: float) -> float:
