@@ -151,7 +151,7 @@ class TrainConfig:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
-        if p.use_distributed_optimizer and not torch.cuda.is_available():
+        if self.parallel.use_distributed_optimizer and not torch.cuda.is_available():
             raise ValueError("parallel.use_distributed_optimizer=true: Megatron's distributed-optimizer checkpoints "
                              "need Transformer Engine or Apex optimizers (GPU); on CPU set it to false")
         if self.optimizer.lr_warmup_iters >= self.train_iters():
