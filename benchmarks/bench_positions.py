@@ -30,11 +30,12 @@ CASES: dict[str, dict] = {
     "posaug top-k layers": {"strategy": "posaug", "layer_mode": "top", "layer_count": 4},
     "posaug independent": {"strategy": "posaug", "layer_mode": "independent"},
     "random_base": {"strategy": "random_base"},
-    "rfs": {"strategy": "rfs"},
-    "rfs per_sample": {"strategy": "rfs", "per_sample": True},
+    "rfs per_step": {"strategy": "rfs", "granularity": "per_step"},
+    "rfs per_sample": {"strategy": "rfs", "granularity": "per_sample"},
     "rpe (L=8*s)": {"strategy": "rpe"},
-    "rpe per_sample": {"strategy": "rpe", "per_sample": True},
-    "warp": {"strategy": "warp"},
+    "rpe per_sample": {"strategy": "rpe", "granularity": "per_sample"},
+    "warp per_step": {"strategy": "warp", "granularity": "per_step"},
+    "warp per_sample": {"strategy": "warp", "granularity": "per_sample"},
 }
 
 
@@ -46,7 +47,8 @@ def sync(device: torch.device) -> None:
 def time_calls(sampler, args, device: torch.device) -> float:
     """Median seconds of one `training` call (device work included)."""
     def call(step: int):
-        return sampler.training(step=step, microbatch=step % args.num_microbatches, seq_len=args.seq_len,
+        first_sample = (step % args.num_microbatches) * args.micro_batch_size
+        return sampler.training(step, args.seq_len, first_sample=first_sample,
                                 batch_size=args.micro_batch_size, device=device)
 
     for step in range(args.warmup):
@@ -67,8 +69,7 @@ def is_sync_free(sampler, args, device: torch.device) -> str:
         return "n/a"
     torch.cuda.set_sync_debug_mode("error")
     try:
-        sampler.training(step=10**6, microbatch=0, seq_len=args.seq_len, batch_size=args.micro_batch_size,
-                         device=device)
+        sampler.training(10**6, args.seq_len, first_sample=0, batch_size=args.micro_batch_size, device=device)
         return "yes"
     except RuntimeError:
         return "NO"

@@ -13,7 +13,9 @@ Per-layer positions travel as one `[num_layers, s, b|1, 1, d]` tensor through th
 TransformerBlock (so activation recompute sees the same tensor) and a forward pre-hook on
 each layer picks its own row by global `layer_number`, which also holds under pipeline
 parallelism. Every pipeline stage computes its own angles, so the caller must pass the same
-positions to every stage for a given microbatch.
+positions to every stage for a given microbatch. Under context parallelism the caller passes
+this CP rank's slice of the full-length positions (`megatron_ext.context_parallel`), the same
+zigzag slice as its tokens, so the angles here are already the rank's own.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 # Reaches into Megatron-Core internals (checked against megatron-core 0.16.1 and 0.19.2):
 # - GPTModel._preprocess (private, overridden): the only place where rotary angles are built
 #   between the embedding and the decoder; overriding it keeps GPTModel.forward stock.
-# - RotaryEmbedding.inv_freq, .rotary_interleaved, .seq_len_interpolation_factor, .cp_group
+# - RotaryEmbedding.inv_freq, .rotary_interleaved, .seq_len_interpolation_factor
 #   (attributes of self.rotary_pos_emb): the model's own frequencies and settings, so float
 #   positions use exactly what arange positions would.
 # - DotProductAttention / TEDotProductAttention .softmax_scale (attention_logits_scaled): the
@@ -31,7 +33,6 @@ import contextlib
 from typing import Iterator
 
 import torch
-from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_this_cp_rank
 from megatron.core.models.gpt.gpt_model import GPTModel
 
 from megatron_ext.positions import RopePositions
@@ -89,13 +90,7 @@ class FloatPositionGPTModel(GPTModel):
             return output
         if packed_seq_params is not None:
             raise ValueError("float RoPE positions do not support packed (THD) sequences")
-        emb = self.rotary_angles_for(rope)
-        cp_group = self.rotary_pos_emb.cp_group
-        if cp_group is not None and cp_group.size() > 1:
-            # Slice after building full-length angles: the zigzag CP split needs all of them.
-            seq_dim = 1 if rope.layer_positions is not None else 0
-            emb = get_pos_emb_on_this_cp_rank(emb, seq_dim, cp_group)
-        return (output[0], emb) + tuple(output[2:])
+        return (output[0], self.rotary_angles_for(rope)) + tuple(output[2:])
 
     def rotary_angles_for(self, rope: RopePositions) -> torch.Tensor:
         """Angles for all layers: [s, b|1, 1, d], or [num_layers, s, 1, 1, d] for per-layer positions."""

@@ -1,8 +1,11 @@
 """One training step on Megatron-Core: DDP, its optimizer and LR schedule, pipeline schedules.
 
-The position sampler is called once per (step, microbatch) on every rank and pipeline
-stage; its generator is keyed on (seed, step, microbatch), so every rank builds the same
-positions without communication.
+The position sampler is called once per microbatch on every rank and pipeline stage with the
+global-batch index of the microbatch's first sequence; its draws are keyed on (seed, step,
+global sample index), so every rank builds the same positions without communication and any
+TP/PP/DP/CP layout, micro-batch size or accumulation count trains the same model. Under
+context parallelism each rank takes Megatron's zigzag slice of tokens, labels, loss mask and
+the full-length positions, and the loss is reduced over the CP group (megatron_ext.context_parallel).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from megatron_ext import context_parallel
 from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
 from pretrain.trainer.config import OptimizerSettings
@@ -77,7 +81,7 @@ class Engine:
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        forward_step = _ForwardStep(sampler, step, seq_length)
+        forward_step = _ForwardStep(sampler, step, seq_length, micro_batch_size, num_microbatches)
         losses = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=batches, model=[self.model],
             num_microbatches=num_microbatches, seq_length=seq_length,
@@ -98,7 +102,8 @@ class Engine:
         self.model.eval()
         try:
             losses = get_forward_backward_func()(
-                forward_step_func=_ForwardStep(sampler, None, seq_length), data_iterator=batches,
+                forward_step_func=_ForwardStep(sampler, None, seq_length, micro_batch_size, num_microbatches),
+                data_iterator=batches,
                 model=[self.model], num_microbatches=num_microbatches, seq_length=seq_length,
                 micro_batch_size=micro_batch_size, forward_only=True)
         finally:
@@ -109,29 +114,44 @@ class Engine:
 class _ForwardStep:
     """Megatron forward_step_func: fetch a microbatch, make its positions, run the model."""
 
-    def __init__(self, sampler: PositionSampler, step: int | None, seq_length: int) -> None:
+    def __init__(self, sampler: PositionSampler, step: int | None, seq_length: int, micro_batch_size: int,
+                 num_microbatches: int) -> None:
+        from megatron.core import parallel_state
+
         self.sampler, self.step, self.seq_length = sampler, step, seq_length
+        self.micro_batch_size = micro_batch_size
         self.microbatch = 0  # schedules call forward in microbatch order on every stage
+        # step_batches gives DP rank r the global-batch samples [r * per_rank, (r + 1) * per_rank).
+        self.rank_first_sample = parallel_state.get_data_parallel_rank() * num_microbatches * micro_batch_size
+        self.cp_group = parallel_state.get_context_parallel_group() \
+            if parallel_state.get_context_parallel_world_size() > 1 else None
 
     def __call__(self, data_iterator, model):
         batch = next(data_iterator)
         tokens, labels, loss_mask = batch["tokens"], batch["labels"], batch["loss_mask"]
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         tokens, labels, loss_mask = tokens.to(device), labels.to(device), loss_mask.to(device)
+        # Full-length positions first: a position depends on its place in the whole sequence.
         if self.step is None:
             positions = self.sampler.evaluation(tokens.shape[1], device=device)
         else:
-            positions = self.sampler.training(self.step, self.microbatch, tokens.shape[1],
+            first_sample = self.rank_first_sample + self.microbatch * self.micro_batch_size
+            positions = self.sampler.training(self.step, tokens.shape[1], first_sample=first_sample,
                                               batch_size=tokens.shape[0], device=device)
+        if self.cp_group is not None:
+            sliced = context_parallel.slice_batch({"tokens": tokens, "labels": labels, "loss_mask": loss_mask},
+                                                  self.cp_group)
+            tokens, labels, loss_mask = sliced["tokens"], sliced["labels"], sliced["loss_mask"]
+            positions = context_parallel.slice_positions(positions, self.cp_group)
         microbatch = self.microbatch
         self.microbatch += 1
         output = model(tokens, positions, None, labels=labels)
+        cp_group = self.cp_group
 
         def loss_func(output_tensor: torch.Tensor):
-            mask = loss_mask.float()
-            loss = (output_tensor.float() * mask).sum() / mask.sum().clamp(min=1.0)
-            # clone: the schedule divides the returned loss by num_microbatches in place
-            return loss, {"lm loss": loss.detach().clone(), "microbatch": microbatch}
+            loss, reported = context_parallel.masked_mean_loss(output_tensor, loss_mask, cp_group)
+            # reported is a fresh tensor: the schedule scales the returned loss in place
+            return loss, {"lm loss": reported, "microbatch": microbatch}
 
         return output, loss_func
 
@@ -148,9 +168,10 @@ def _reduce_loss(losses: list[dict], step: int) -> float:
                 first_bad_microbatch[0] = record["microbatch"]
                 break
         loss[0] = sum(float(r["lm loss"]) for r in losses) / max(len(losses), 1)
-        # every TP rank of the last stage holds the same loss: count it once per TP group
+        # every TP and CP rank of the last stage holds the same loss: count it once per DP rank
         loss[0] /= (parallel_state.get_data_parallel_world_size()
-                    * parallel_state.get_tensor_model_parallel_world_size())
+                    * parallel_state.get_tensor_model_parallel_world_size()
+                    * parallel_state.get_context_parallel_world_size())
     dist.all_reduce(loss)
     dist.all_reduce(first_bad_microbatch, op=dist.ReduceOp.MAX)
     if first_bad_microbatch.item() >= 0:

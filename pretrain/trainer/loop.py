@@ -167,7 +167,7 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                 elapsed = time.time() - window_start
                 step_time = elapsed / window_steps
                 tokens_per_s = gbs * seq / step_time
-                stats = sampler.stats(sampler.training(step, 0, seq, mbs))
+                stats = sampler.stats(sampler.training(step, seq, first_sample=0, batch_size=mbs))
                 mfu = metrics.mfu(tokens_per_s)
                 metrics.scalars(done, {"train/loss": result.loss, "train/lr": result.lr,
                                        "train/grad_norm": result.grad_norm, "perf/tokens_per_s": tokens_per_s,
