@@ -1,40 +1,73 @@
-"""One or more real training steps under torchrun with a given TP/PP layout; prints JSON per step.
+"""Real training steps under torchrun for every position strategy in one launch; saves losses and weights.
 
-Used by tests/trainer/test_parallel_equivalence.py: the same microbatches, weights and positions
-under TP=2, PP=2 (1F1B) or DP=2 must give one process's loss and gradient norm.
+Used by tests/trainer/test_parallel_equivalence.py: the same global batch, initial weights and seed under
+TP=2, PP=2 (1F1B), DP=2 (with or without the distributed optimizer) or another micro-batch size must give
+one process's losses and parameters, for every strategy, because position draws are keyed on the global
+sample index and never on the layout. One launch loops over all strategies (a launch costs ~10 s of imports).
 """
 
 import argparse
-import json
 
 import torch
 import torch.distributed as dist
 
-from megatron_ext.model import ParallelConfig
-from pretrain.experiments.table import model_preset
+from megatron_ext.model import ParallelConfig, build_model
 from megatron_ext.positions import PositionConfig, build_sampler
+from pretrain.experiments.table import model_preset
 from pretrain.trainer import distributed
 from pretrain.trainer.config import OptimizerSettings
 from pretrain.trainer.engine import Engine
 
-GLOBAL_MICROBATCHES, MICRO_BATCH, SEED = 4, 2, 1234
+GLOBAL_BATCH, SEED = 4, 1234
+
+STRATEGIES = {
+    "none": {},
+    "posaug_uniform": {"strategy": "posaug"},
+    "posaug_log_uniform": {"strategy": "posaug", "alpha_distribution": "log_uniform"},
+    "posaug_discrete": {"strategy": "posaug", "alpha_distribution": "discrete"},
+    "posaug_cycle": {"strategy": "posaug", "alpha_distribution": "cycle"},
+    "posaug_fixed": {"strategy": "posaug", "alpha_distribution": "fixed", "alpha_fixed": 0.37},
+    "posaug_bottom": {"strategy": "posaug", "layer_mode": "bottom", "layer_count": 2},
+    "posaug_top": {"strategy": "posaug", "layer_mode": "top", "layer_count": 2},
+    "posaug_independent": {"strategy": "posaug", "layer_mode": "independent"},
+    "posaug_per_sample": {"strategy": "posaug", "granularity": "per_sample"},
+    "random_base": {"strategy": "random_base"},
+    "rfs_per_step": {"strategy": "rfs", "granularity": "per_step"},
+    "rfs_per_sample": {"strategy": "rfs", "granularity": "per_sample"},
+    "rpe": {"strategy": "rpe", "max_position": 256},
+    "warp": {"strategy": "warp", "p_head": 0.4, "p_tail": 0.4},
+}
 
 
-def microbatches(model, count, offset):
-    """Deterministic token microbatches, independent of the layout."""
+def sample(model, index: int) -> torch.Tensor:
+    """Global sample `index` of the synthetic corpus: seq_length + 1 tokens, independent of the layout."""
+    g = torch.Generator().manual_seed(1000 + index)
+    return torch.randint(0, model.vocab_size, (model.seq_length + 1,), generator=g)
+
+
+def rank_microbatches(model, step: int, dp_rank: int, per_rank: int, micro_batch_size: int) -> list[dict]:
+    """This DP rank's microbatches of `step`, in pretrain.trainer.data.step_batches' order."""
+    first = step * GLOBAL_BATCH + dp_rank * per_rank
     out = []
-    for index in range(offset, offset + count):
-        g = torch.Generator().manual_seed(1000 + index)
-        tokens = torch.randint(0, model.vocab_size, (MICRO_BATCH, model.seq_length + 1), generator=g)
+    for start in range(first, first + per_rank, micro_batch_size):
+        tokens = torch.stack([sample(model, i) for i in range(start, start + micro_batch_size)])
         out.append({"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
-                    "loss_mask": torch.ones(MICRO_BATCH, model.seq_length)})
+                    "loss_mask": torch.ones(micro_batch_size, model.seq_length)})
     return out
 
 
-def full_model_state(model):
+def global_name(name: str, first_layer: int) -> str:
+    """This stage's parameter name as the PP=1 model calls it."""
+    if name.startswith("decoder.layers."):
+        parts = name.split(".")
+        parts[2] = str(int(parts[2]) + first_layer)
+        return ".".join(parts)
+    return name
+
+
+def full_model_state(model) -> dict:
     """Weights of the PP=1 model for this seed, to load stage by stage (PP changes init order)."""
     from megatron.core import parallel_state
-    from megatron_ext.model import build_model
 
     distributed.initialize(ParallelConfig(), SEED)
     state = {k: v.clone() for k, v in build_model(model).state_dict().items() if torch.is_tensor(v)}
@@ -42,14 +75,58 @@ def full_model_state(model):
     return state
 
 
+def load_stage(engine: Engine, reference: dict, first_layer: int) -> None:
+    module = engine.model.module
+    local = {}
+    for name, value in module.state_dict().items():
+        if not torch.is_tensor(value):
+            continue
+        name_in_full = global_name(name, first_layer)
+        if name_in_full == "output_layer.weight" and name_in_full not in reference:
+            name_in_full = "embedding.word_embeddings.weight"  # tied: last stage's copy
+        if name_in_full in reference:
+            local[name] = reference[name_in_full]
+    # DDP keeps grads in its own buffers; params are loaded in place, so nothing else to sync.
+    module.load_state_dict(local, strict=False)
+
+
+def full_parameters(engine: Engine, model, first_layer: int) -> dict | None:
+    """Every parameter as the one-process model holds it, on global rank 0 (None elsewhere)."""
+    from megatron.core import parallel_state
+
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    mine = {}
+    for name, param in engine.model.module.named_parameters():
+        if name == "output_layer.weight" and not model.untie_embeddings_and_output_weights:
+            continue  # the last stage's copy of the tied embedding
+        value = param.detach().float()
+        if tp > 1 and getattr(param, "tensor_model_parallel", False):
+            shards = [torch.empty_like(value) for _ in range(tp)]
+            dist.all_gather(shards, value.contiguous(), group=tp_group)
+            if name.endswith("mlp.linear_fc1.weight"):
+                # SwiGLU (megatron_ext.model): each TP shard of fc1 is [gate_r; up_r], the full one [gate; up].
+                halves = [shard.chunk(2, dim=0) for shard in shards]
+                shards = [h[0] for h in halves] + [h[1] for h in halves]
+            value = torch.cat(shards, dim=param.partition_dim)
+        mine[global_name(name, first_layer)] = value
+    keep = parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_data_parallel_rank() == 0
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine if keep else {})
+    if dist.get_rank() != 0:
+        return None
+    return {k: v for part in gathered for k, v in part.items()}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--strategy", default="posaug")
-    parser.add_argument("--alpha", type=float, default=0.37)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--distributed-optimizer", action="store_true")
+    parser.add_argument("--out", required=True, help="torch.save file: {strategy: {losses, parameters}}")
     args = parser.parse_args()
     model = model_preset("tiny")
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
@@ -58,39 +135,39 @@ def main():
     reference_state = full_model_state(model) if args.pp > 1 else None
     distributed.initialize(parallel, SEED)
     from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    positions = PositionConfig(strategy=args.strategy, alpha_distribution="fixed", alpha_fixed=args.alpha) \
-        if args.strategy == "posaug" else PositionConfig(strategy=args.strategy)
-    sampler = build_sampler(positions, seed=SEED, train_seq_len=model.seq_length, num_layers=model.num_layers,
-                            rotary_dim=model.rotary_dim, rotary_base=model.rotary_base, total_steps=args.steps)
-    engine = Engine(model, parallel, OptimizerSettings(lr=1e-3, min_lr=1e-3, lr_decay_style="constant",
-                                                       clip_grad=0.0), train_iters=args.steps)
-    if reference_state is not None:
-        first_layer = parallel_state.get_pipeline_model_parallel_rank() * (model.num_layers // args.pp)
-        module = engine.model.module
-        local = {}
-        for name in module.state_dict():
-            if not torch.is_tensor(module.state_dict()[name]):
-                continue
-            global_name = name
-            if name.startswith("decoder.layers."):
-                parts = name.split(".")
-                parts[2] = str(int(parts[2]) + first_layer)
-                global_name = ".".join(parts)
-            if global_name == "output_layer.weight" and global_name not in reference_state:
-                global_name = "embedding.word_embeddings.weight"  # tied: last stage's copy
-            if global_name in reference_state:
-                local[name] = reference_state[global_name]
-        module.load_state_dict(local, strict=False)
-        # DDP keeps grads in its own buffers; params were loaded in place, so nothing else to sync.
+    first_layer = parallel_state.get_pipeline_model_parallel_rank() * (model.num_layers // args.pp)
     dp_rank, dp_size = distributed.data_parallel_info()
-    per_rank = GLOBAL_MICROBATCHES // dp_size
-    for step in range(args.steps):
-        data = microbatches(model, per_rank, offset=step * GLOBAL_MICROBATCHES + dp_rank * per_rank)
-        result = engine.train_step(iter(data), sampler, step, per_rank, MICRO_BATCH, model.seq_length)
+    per_rank = GLOBAL_BATCH // dp_size
+    results = {}
+    for name in args.strategies.split(","):
+        sampler = build_sampler(PositionConfig(**STRATEGIES[name]), seed=SEED, train_seq_len=model.seq_length,
+                                num_layers=model.num_layers, rotary_dim=model.rotary_dim,
+                                rotary_base=model.rotary_base, total_steps=args.steps)
+        # Every strategy starts from the same weights, as a fresh process would.
+        distributed.seed_all(SEED)
+        model_parallel_cuda_manual_seed(SEED)
+        # adam_eps well above the gradients' rounding noise: with the default 1e-8 Adam's first update,
+        # lr * g / |g|, turns reduction-order noise on near-zero gradients into 1e-5 weight changes.
+        optimizer = OptimizerSettings(lr=1e-3, min_lr=1e-3, lr_decay_style="constant", clip_grad=0.0, adam_eps=1e-4)
+        engine = Engine(model, parallel, optimizer,
+                        train_iters=args.steps, per_sample_positions=sampler.needs_per_sample)
+        if reference_state is not None:
+            load_stage(engine, reference_state, first_layer)
+        losses = []
+        for step in range(args.steps):
+            data = rank_microbatches(model, step, dp_rank, per_rank, args.micro_batch_size)
+            result = engine.train_step(iter(data), sampler, step, len(data), args.micro_batch_size,
+                                       model.seq_length)
+            losses.append(result.loss)
+        parameters = full_parameters(engine, model, first_layer)
         if dist.get_rank() == 0:
-            print("RESULT " + json.dumps({"step": step, "loss": result.loss, "grad_norm": result.grad_norm}),
-                  flush=True)
+            results[name] = {"losses": losses, "parameters": parameters}
+            print(f"RESULT {name} losses {losses}", flush=True)
+        del engine
+    if dist.get_rank() == 0:
+        torch.save(results, args.out)
     distributed.destroy()
 
 
