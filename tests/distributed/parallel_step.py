@@ -7,6 +7,7 @@ sample index and never on the layout. One launch loops over all strategies (a la
 """
 
 import argparse
+import json
 
 import torch
 import torch.distributed as dist
@@ -164,7 +165,7 @@ def main():
         parameters = full_parameters(engine, model, first_layer)
         if dist.get_rank() == 0:
             results[name] = {"losses": losses, "parameters": parameters}
-            print(f"RESULT {name} losses {losses}", flush=True)
+            print("RESULT " + json.dumps({"strategy": name, "losses": losses}), flush=True)
         del engine
     if dist.get_rank() == 0:
         torch.save(results, args.out)
