@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from megatron_ext.model import build_model, preset
+from megatron_ext.model import build_model
 from megatron_ext.positions import PositionConfig, build_sampler
+from pretrain.experiments.table import model_preset
 
 B = 3
-CONFIG = preset("tiny")
+CONFIG = model_preset("tiny")
 
 PER_SAMPLE = {
     "posaug": {"strategy": "posaug"},
