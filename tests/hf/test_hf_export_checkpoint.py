@@ -15,8 +15,10 @@ from conftest import run_torchrun  # noqa: E402
 from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
 from megatron_ext.model import ParallelConfig, build_model  # noqa: E402
 from megatron_ext.positions import PositionConfig, build_sampler  # noqa: E402
-from pretrain.hf.export import (export_checkpoint, export_cli, hf_logits, hf_tokenizer, import_hf,  # noqa: E402
-                                load_checkpoint_state, read_hf_weights)
+from pretrain.hf import hf_logits  # noqa: E402
+from pretrain.hf.export import export_checkpoint, export_cli, load_checkpoint_state  # noqa: E402
+from pretrain.hf.importer import import_cli, import_hf, read_hf_weights  # noqa: E402
+from pretrain.hf.tokenizer import hf_tokenizer  # noqa: E402
 
 VOCAB = 512
 
@@ -118,13 +120,14 @@ def test_auto_tokenizer_encodes_like_our_tokenizer(tokenizer_files, tmp_path, ki
     assert auto.decode(ours.encode(texts[0])) == ours.decode(ours.encode(texts[0]))
 
 
-@pytest.mark.parametrize("eval_length", [32, 64])
+@pytest.mark.parametrize("eval_length", [None, 128], ids=["default_window_x8", "explicit"])
 def test_rfs_export_scaling_reproduces_evaluation_position_logits(checkpoints, tmp_path, eval_length):
     export_checkpoint(checkpoints["rfs"], tmp_path / "hf", no_tokenizer=True, eval_length=eval_length)
     model, config = megatron_model(checkpoints["rfs"])
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["rope_parameters"]["rope_type"] == "linear"
     sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=32, num_layers=4, rotary_dim=16,
                             rotary_base=10000.0, total_steps=1)
+    eval_length = eval_length or 32 * 8
     tokens = sample_tokens(eval_length, seed=1)
     expected = megatron_logits(model, tokens, sampler.evaluation(eval_length))
     torch.testing.assert_close(hf_logits(auto_model(tmp_path / "hf"), tokens), expected, atol=1e-4, rtol=0)
@@ -215,7 +218,5 @@ def test_non_swiglu_model_is_refused_on_import(hf_llama_dir, tmp_path, capsys):
     config = json.loads((hf_llama_dir / "config.json").read_text())
     (tmp_path / "gelu" / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
     assert os.path.exists(hf_llama_dir / "model.safetensors")
-    from pretrain.hf.export import import_cli
-
     assert import_cli(["--hf", str(tmp_path / "gelu"), "--output", str(tmp_path / "run")]) == 2
     assert "need silu: SwiGLU" in capsys.readouterr().err
