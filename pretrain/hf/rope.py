@@ -6,15 +6,19 @@ written as HF rope types through HF_ROPE_TYPE (static NTK is a change of base, s
 
 config.json carries both layouts, so either transformers major version reads the same RoPE:
 
-- transformers 4.x (4.45 ... 4.57) reads top-level `rope_theta` and `rope_scaling`
-  ({"rope_type", "factor"}; `None` for plain RoPE). Its yarn and dynamic formulas take the
-  original window from `max_position_embeddings`, so that is the training window.
+- transformers 4.x reads top-level `rope_theta` and `rope_scaling` ({"rope_type", "factor"};
+  null for plain RoPE). Its dynamic formula, and its yarn formula up to 4.50, take the original
+  window from `max_position_embeddings`, so that is the training window, and yarn's
+  `original_max_position_embeddings` is left out (4.45-4.50 warn about it, 4.51-4.53 would
+  re-derive the factor from it). Checked by running the exports under 4.45.2 and 4.57.1: logits
+  equal 5.23's bit for bit; 4.57.1 only notes (a warning) that it takes max_position_embeddings
+  as yarn's original window, which is what it is.
 - transformers 5.x reads `rope_parameters` ({"rope_type", "rope_theta", "factor", ...}); when a
   config also has a non-null `rope_scaling`, 5.x takes that dict instead and fills its
-  `rope_theta` from the top-level one (`RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`),
-  which gives the same parameters.
+  `rope_theta` from the top-level one (`RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`,
+  5.23), which gives the same parameters.
 
-Only keys every one of these versions validates without a warning are written, and no factor < 1.
+Only keys that 4.45 and 5.23 validate without a warning are written, and no factor < 1.
 """
 
 from __future__ import annotations

@@ -13,36 +13,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
 from conftest import run_torchrun  # noqa: E402
 from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
-from megatron_ext.model import ParallelConfig, build_model  # noqa: E402
 from megatron_ext.positions import PositionConfig, build_sampler  # noqa: E402
 from pretrain.hf import hf_logits  # noqa: E402
-from pretrain.hf.export import export_checkpoint, export_cli, load_checkpoint_state  # noqa: E402
+from hf_helpers import VOCAB, auto_model, megatron_logits, megatron_model, sample_tokens, save_hf_llama  # noqa: E402
+from pretrain.hf.export import export_checkpoint, export_cli  # noqa: E402
 from pretrain.hf.importer import import_cli, import_hf, read_hf_weights  # noqa: E402
 from pretrain.hf.tokenizer import hf_tokenizer  # noqa: E402
-
-VOCAB = 512
-
-
-def megatron_model(checkpoint):
-    state, config, _ = load_checkpoint_state(checkpoint)
-    model = build_model(config.model, ParallelConfig())
-    model.load_state_dict(state, strict=False)
-    return model.eval(), config
-
-
-def megatron_logits(model, tokens, positions):
-    with torch.no_grad():
-        return model(tokens, positions, None)[..., :VOCAB]
-
-
-def auto_model(path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
-
-
-def sample_tokens(seq, seed=0):
-    return torch.randint(0, 500, (2, seq), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module")
@@ -133,18 +109,6 @@ def test_rfs_export_scaling_reproduces_evaluation_position_logits(checkpoints, t
     torch.testing.assert_close(hf_logits(auto_model(tmp_path / "hf"), tokens), expected, atol=1e-4, rtol=0)
 
 
-def test_yarn_export_equals_posaug_evaluation_with_yarn(checkpoints, tmp_path):
-    export_checkpoint(checkpoints["tp1_mha_tied"], tmp_path / "hf", no_tokenizer=True, rope_scaling="yarn",
-                      factor=4.0)
-    model, config = megatron_model(checkpoints["tp1_mha_tied"])
-    positions = PositionConfig(strategy="posaug", rope_scaling="yarn", rope_scaling_factor=4.0)
-    sampler = build_sampler(positions, seed=0, train_seq_len=32, num_layers=4, rotary_dim=16,
-                            rotary_base=10000.0, total_steps=1)
-    tokens = sample_tokens(96, seed=2)
-    expected = megatron_logits(model, tokens, sampler.evaluation(96))
-    torch.testing.assert_close(hf_logits(auto_model(tmp_path / "hf"), tokens), expected, atol=1e-4, rtol=0)
-
-
 def test_greedy_generate_equals_megatron_greedy_decoding(checkpoints, tmp_path):
     export_checkpoint(checkpoints["tp2pp2_mha_untied"], tmp_path / "hf", no_tokenizer=True)
     model, _ = megatron_model(checkpoints["tp2pp2_mha_untied"])
@@ -160,19 +124,8 @@ def test_greedy_generate_equals_megatron_greedy_decoding(checkpoints, tmp_path):
 
 @pytest.fixture(scope="module")
 def hf_llama_dir(tmp_path_factory, tokenizer_files):
-    """A randomly initialised GQA Llama saved by transformers itself, with a tokenizer."""
-    from data_prep.tokenizers import load_tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                         rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    path = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    hf_tokenizer(load_tokenizer(tokenizer_files[0]["sentencepiece-bpe"])).save_pretrained(path)
-    return path
+    """A randomly initialised GQA Llama saved by transformers itself, with SentencePiece tokenizer files."""
+    return save_hf_llama(tmp_path_factory.mktemp("llama"), tokenizer_files[0]["sentencepiece-bpe"])
 
 
 def assert_same_weights_and_architecture(original, exported):
