@@ -7,6 +7,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+# `tokenizer._tok` below is data_prep's own HFTokenizer's `tokenizers.Tokenizer` (this project's
+# code, not a library's): its JSON is the exact tokenizer, GPT-2 vocab+merges already assembled.
+
 # The files transformers' tokenizers read (an import keeps them, an export of that run ships them
 # unchanged, so a round trip encodes bit for bit like the original).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

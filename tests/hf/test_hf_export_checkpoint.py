@@ -1,4 +1,7 @@
-"""export-hf / import-hf on real checkpoints: TP=1 and TP=2/PP=2 saves, tokenizers, RFS and YaRN, round trip."""
+"""export-hf / import-hf on real checkpoints: TP=1 and TP=2/PP=2 saves, tokenizers, RFS, round trip.
+
+(Every RoPE scaling kind is in test_hf_rope_config.py; fault regressions in test_faults_hf.py.)
+"""
 
 import json
 import os
@@ -7,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
 from conftest import run_torchrun  # noqa: E402
-from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
-from megatron_ext.positions import PositionConfig, build_sampler  # noqa: E402
-from pretrain.hf import hf_logits  # noqa: E402
 from hf_helpers import VOCAB, auto_model, megatron_logits, megatron_model, sample_tokens, save_hf_llama  # noqa: E402
+from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
+from megatron_ext.positions import build_sampler  # noqa: E402
+from pretrain.hf import hf_logits  # noqa: E402
 from pretrain.hf.export import export_checkpoint, export_cli  # noqa: E402
 from pretrain.hf.importer import import_cli, import_hf, read_hf_weights  # noqa: E402
 from pretrain.hf.tokenizer import hf_tokenizer  # noqa: E402
