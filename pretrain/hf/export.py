@@ -188,23 +188,45 @@ def publish(tmp: Path, output: Path) -> None:
     os.replace(tmp, output)
 
 
+def _hf_tokenizer_dir(path: str | Path | None) -> Path | None:
+    """`path` if it is a Hugging Face tokenizer directory (has tokenizer_config.json), else None."""
+    return Path(path) if path and (Path(path) / "tokenizer_config.json").is_file() else None
+
+
 class _TokenizerSource:
     """Where an export's tokenizer files and special-token ids come from."""
 
-    def __init__(self, record: dict, explicit: str | None, no_tokenizer: bool, vocab_size: int) -> None:
-        self.tok, self.hf_dir, self.ids = None, None, {}
+    def __init__(self, record: dict, run_dir: Path, explicit: str | None, no_tokenizer: bool,
+                 vocab_size: int) -> None:
+        self.tok, self.hf_dir, self.ids, self.generation_config = None, None, {}, None
         if no_tokenizer:
             return
-        imported = record.get("hf_tokenizer_dir")
-        if not explicit and imported and Path(imported).is_dir():
-            # An imported HF model: ship its files unchanged, so a round trip encodes the same.
-            self.hf_dir, self.ids = Path(imported), dict(record.get("hf_token_ids") or {})
+        # Files of an imported HF model (recorded by import-hf; also found if the run moved), or an
+        # HF tokenizer directory given with --tokenizer, ship unchanged: a round trip encodes the same.
+        candidates = [] if explicit or "hf_tokenizer_dir" not in record else [record["hf_tokenizer_dir"],
+                                                                             run_dir / "tokenizer"]
+        imported = next((Path(c) for c in candidates if Path(c).is_dir()), None)
+        if imported is not None:
+            self.hf_dir, self.ids = imported, dict(record.get("hf_token_ids") or {})
+            if (imported / "generation_config.json").is_file():
+                self.generation_config = imported / "generation_config.json"
+            return
+        if _hf_tokenizer_dir(explicit) is not None:
+            from transformers import AutoTokenizer
+
+            self.hf_dir = Path(explicit)
+            auto = AutoTokenizer.from_pretrained(self.hf_dir)
+            if len(auto) > vocab_size:
+                raise ValueError(f"tokenizer {explicit} has {len(auto)} tokens but the model only {vocab_size}: "
+                                 "wrong tokenizer? (pass the run's --tokenizer)")
+            self.ids = {"bos_token_id": auto.bos_token_id, "eos_token_id": auto.eos_token_id,
+                        "pad_token_id": auto.pad_token_id}
             return
         path = resolve_tokenizer_path(record, explicit)
         if path is None:
             raise ValueError("no tokenizer: the checkpoint records no data manifest with one; pass "
-                             "--tokenizer PATH (tokenizer.json, a .model, or vocab.json+merges.txt dir), "
-                             "or --no-tokenizer to export the model alone")
+                             "--tokenizer PATH (tokenizer.json, a .model, vocab.json+merges.txt dir, or an HF "
+                             "tokenizer dir), or --no-tokenizer to export the model alone")
         from data_prep.tokenizers import load_tokenizer
 
         self.tok = load_tokenizer(path)
@@ -217,8 +239,8 @@ class _TokenizerSource:
         """Tokenizer files (and an imported model's generation_config.json) into `directory`."""
         if self.hf_dir is not None:
             copy_tokenizer_files(self.hf_dir, directory)
-            if (self.hf_dir / "generation_config.json").is_file():
-                shutil.copyfile(self.hf_dir / "generation_config.json", directory / "generation_config.json")
+        if self.generation_config is not None:
+            shutil.copyfile(self.generation_config, directory / "generation_config.json")
         elif self.tok is not None:
             hf_tokenizer(self.tok).save_pretrained(directory)
             if self.tok.kind == "sentencepiece":
@@ -240,7 +262,8 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     record = ckpt.read_train_state(checkpoint)
     train_config = config_module.from_dict(record["config"])
     check_exportable(train_config.model)
-    source = _TokenizerSource(record, tokenizer, no_tokenizer, train_config.model.vocab_size)
+    source = _TokenizerSource(record, ckpt.resolve(checkpoint).parent, tokenizer, no_tokenizer,
+                              train_config.model.vocab_size)
     scaling = rope_scaling_for(train_config, kind=rope_scaling, factor=factor, eval_length=eval_length)
 
     state, train_config, record = load_checkpoint_state(checkpoint)
@@ -272,8 +295,9 @@ def export_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrain export-hf", description=export_cli.__doc__)
     parser.add_argument("--checkpoint", required=True, help="run directory (its latest) or an iter_* directory")
     parser.add_argument("--output", required=True, help="directory to write (must be empty unless --overwrite)")
-    parser.add_argument("--tokenizer", help="tokenizer.json, SentencePiece .model, or vocab.json+merges.txt dir "
-                        "(default: the imported model's files, else the one in the run's data manifest)")
+    parser.add_argument("--tokenizer", help="tokenizer.json, SentencePiece .model, vocab.json+merges.txt dir, or "
+                        "an HF tokenizer dir (shipped unchanged; default: an imported model's files, else the "
+                        "tokenizer of the run's data manifest)")
     parser.add_argument("--no-tokenizer", action="store_true", help="export the model without tokenizer files")
     parser.add_argument("--rope-scaling", type=cli_scaling_kind, choices=ROPE_SCALING_KINDS, default="none",
                         help="ship an inference-time RoPE scaling (e.g. PosAug + yarn; HF names linear/dynamic "

@@ -135,7 +135,8 @@ def test_import_then_export_keeps_tokenizer_files_and_special_token_ids_bit_for_
     names = [n for n in TOKENIZER_FILES if (hf_llama_dir / n).is_file()]
     assert "tokenizer.model" in names
     assert [n for n in TOKENIZER_FILES if (tmp_path / "hf" / n).is_file()] == names
-    assert all((hf_llama_dir / n).read_bytes() == (tmp_path / "hf" / n).read_bytes() for n in names)
+    assert all((hf_llama_dir / n).read_bytes() == (tmp_path / "hf" / n).read_bytes()
+               for n in [*names, "generation_config.json"])
     original, exported = (json.loads((p / "config.json").read_text()) for p in (hf_llama_dir, tmp_path / "hf"))
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     assert {k: original.get(k) for k in ids} == {k: exported.get(k) for k in ids}
@@ -143,6 +144,16 @@ def test_import_then_export_keeps_tokenizer_files_and_special_token_ids_bit_for_
     for text in ["<s>Hello world</s>", "a <unk> b </s><s> c", "plain text, no specials"]:
         assert a(text)["input_ids"] == b(text)["input_ids"], text
     assert (a.bos_token, a.eos_token, a.unk_token) == (b.bos_token, b.eos_token, b.unk_token)
+
+
+def test_export_with_an_hf_tokenizer_directory_ships_its_files_unchanged(checkpoints, hf_llama_dir, tmp_path):
+    # How a model fine-tuned from an import (a new run dir) gets the original tokenizer back.
+    assert export_cli(["--checkpoint", checkpoints["posaug"], "--output", str(tmp_path / "hf"),
+                       "--tokenizer", str(hf_llama_dir)]) == 0
+    names = [n for n in TOKENIZER_FILES if (hf_llama_dir / n).is_file()]
+    assert all((hf_llama_dir / n).read_bytes() == (tmp_path / "hf" / n).read_bytes() for n in names)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
 
 
 # --- case 6e: scaled positions through the HF model
