@@ -28,12 +28,28 @@ def copy_tokenizer_files(source: str | Path, target: str | Path) -> list[str]:
     return names
 
 
+def _bpe_merges(vocab: dict[str, int], vocab_scores: list[tuple[str, float]], skip: set[str]) -> list[tuple[str, str]]:
+    """BPE merges that rebuild each SentencePiece piece from two pieces, highest score first.
+
+    Same order as transformers 5's `generate_merges(..., skip_tokens=...)` (score, then longer
+    left and right parts, then piece id and part ids); written here because 4.x lacks skip_tokens.
+    """
+    ranked = []
+    for index, (piece, score) in enumerate(vocab_scores):
+        if piece in skip:
+            continue  # control pieces (</s>, ...) never come out of a merge
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab and left not in skip and right not in skip:
+                ranked.append(((-score, -len(left), -len(right), index, vocab[left], vocab[right]), (left, right)))
+    return [pair for _, pair in sorted(ranked)]
+
+
 def sentencepiece_to_tokenizers(model_file: str):
     """A `tokenizers.Tokenizer` that encodes like the SentencePiece `.model` (BPE or unigram)."""
     from sentencepiece import sentencepiece_model_pb2
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers
     from tokenizers.models import BPE, Unigram
-    from transformers.convert_slow_tokenizer import generate_merges
 
     proto = sentencepiece_model_pb2.ModelProto()
     with open(model_file, "rb") as fh:
@@ -48,7 +64,7 @@ def sentencepiece_to_tokenizers(model_file: str):
         tok = Tokenizer(Unigram(lattice, unk_id=trainer.unk_id, byte_fallback=trainer.byte_fallback))
     elif trainer.model_type == 2:  # bpe: SentencePiece merges the highest-scoring pair first
         vocab = {piece: i for i, (piece, _) in enumerate(vocab_scores)}
-        merges = generate_merges(vocab, vocab_scores, skip_tokens=control)
+        merges = _bpe_merges(vocab, vocab_scores, skip=control)
         tok = Tokenizer(BPE(vocab, merges, unk_token=trainer.unk_piece, fuse_unk=True,
                             byte_fallback=trainer.byte_fallback, dropout=None))
     else:
