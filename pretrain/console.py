@@ -93,8 +93,8 @@ class Progress:
 
     On a terminal: one line redrawn in place (a bar, the rate, the ETA and a caller's
     postfix); `write()` prints a persistent line above it. Elsewhere: nothing is redrawn;
-    a plain line is printed at most every `every_s` seconds (and at the end), so a SLURM
-    log gets a heartbeat without control characters.
+    a plain line is printed every `every_s` seconds (and a last one at the end if any was),
+    so a SLURM log gets a heartbeat without control characters and short loops stay silent.
     """
 
     def __init__(self, total: int, *, desc: str = "", start: int = 0, stream: TextIO | None = None,
@@ -140,7 +140,8 @@ class Progress:
         if self.terminal:
             if now - self._last_draw >= 0.2 or finished:
                 self._draw()
-        elif now - self._last_draw >= self.every_s or finished:
+        elif now - (self._last_draw or self._start_time) >= self.every_s or (finished and self._last_draw):
+            # short loops stay silent in logs; long ones get a line every every_s and a last one
             self._last_draw = now
             print(self.line(), file=self.stream, flush=True)
 

@@ -261,8 +261,8 @@ def reproduce(out: Path, preset: Preset, seeds: list[int], corpus: str | None = 
     records = evaluate_runs(out, preset, runs, seeds, data_prefix)
     summary = summarise(records, preset)
     report = write_report(out, preset_name, preset, summary, records, seeds, time.time() - started)
-    print(report.read_text().split("\n\n")[2], flush=True)  # the table
     _log(f"report: {report}")
+    print(report.read_text().split("\n\n")[2], flush=True)  # the table, last: what a user reads first
     return report
 
 
