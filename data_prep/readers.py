@@ -6,6 +6,10 @@ of small `.txt` files). Every document gets a *key* that depends only on where i
 the corpus (file, member, line/row), never on how units were cut or which worker read it;
 the key seeds the train/valid split and shard assignment, which is what makes the output
 independent of worker and rank counts.
+
+Text is passed on exactly as stored (rule "none", what Megatron-LM's preprocess_data.py
+encodes) except under rule "owt", the Hugging Face openwebtext loader's cleanup, which is the
+default for OpenWebText archives only.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 FORMATS = ("auto", "owt", "jsonl", "parquet", "arrow", "txt")
+NORMALIZE_RULES = ("auto", "none", "owt")  # auto: "owt" for OpenWebText archives, "none" for every other format
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".ndjson")
 _NEWLINES_3PLUS = re.compile("\n\n\n+")
@@ -30,6 +35,15 @@ _NEWLINES_3PLUS = re.compile("\n\n\n+")
 def normalize(text: str) -> str:
     """Normalise like the Hugging Face OpenWebText loader: collapse 3+ newlines to 2, strip."""
     return _NEWLINES_3PLUS.sub("\n\n", text).strip()
+
+
+def resolve_normalize(requested: str, fmt: str) -> str:
+    """The rule ("none" or "owt") applied to documents of format `fmt` when `requested` was asked for."""
+    if requested not in NORMALIZE_RULES:
+        raise ValueError(f"unknown --normalize {requested!r}; choose from {NORMALIZE_RULES}")
+    if requested == "auto":
+        return "owt" if fmt == "owt" else "none"
+    return requested
 
 
 class ReadError(Exception):
@@ -67,10 +81,11 @@ class Unit:
     first_row: int = 0  # parquet: global index of the row group's first row
     files: list = field(default_factory=list)  # txt: [(path, name)]
     jsonl_key: str = "text"
+    normalize: str = "none"  # the resolved rule: "none" or "owt"
 
     def describe(self) -> dict:
         """A JSON-able identity of this unit (used to detect a changed plan on resume)."""
-        d = {"fmt": self.fmt, "name": self.name, "bytes": self.est_bytes}
+        d = {"fmt": self.fmt, "name": self.name, "bytes": self.est_bytes, "normalize": self.normalize}
         if self.fmt == "jsonl":
             d.update(start=self.start, end=self.end)
         if self.member:
@@ -113,10 +128,11 @@ def _list_files(root: str) -> list[tuple[str, str]]:
 
 
 def plan_units(inputs: list[str], fmt: str = "auto", jsonl_key: str = "text",
-               chunk_bytes: int = 4 << 20) -> list[Unit]:
+               chunk_bytes: int = 4 << 20, normalize: str = "auto") -> list[Unit]:
     """Split the inputs into deterministic work units (same inputs -> same units)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
+    resolve_normalize(normalize, "jsonl")  # reject an unknown rule before any work
     files: list[tuple[str, str, str]] = []  # (path, name, fmt)
     for inp in inputs:
         if not os.path.exists(inp):
@@ -158,6 +174,8 @@ def plan_units(inputs: list[str], fmt: str = "auto", jsonl_key: str = "text",
         else:
             units.append(Unit(f, path, name, size, jsonl_key=jsonl_key))
     flush_txt()
+    for unit in units:
+        unit.normalize = resolve_normalize(normalize, unit.fmt)
     return units
 
 
@@ -262,10 +280,14 @@ def _decode(raw: bytes, where: str) -> str:
         raise ReadError("invalid_utf8", where, f"invalid UTF-8 at byte {e.start}") from None
 
 
-def _doc(key: str, where: str, text: str) -> Record:
-    text = normalize(text)
+def _doc(key: str, where: str, text: str, rule: str) -> Record:
+    if rule == "owt":
+        text = normalize(text)
     if not text:
-        return Record(key, where, skip_reason="empty", message="empty document after normalisation")
+        # Megatron-LM's preprocess_data.py writes such a document with no tokens (not even EOD);
+        # it contributes nothing to training, so it is counted as skipped instead.
+        why = "empty document after normalisation" if rule == "owt" else "empty document"
+        return Record(key, where, skip_reason="empty", message=why)
     return Record(key, where, text=text)
 
 
@@ -327,7 +349,7 @@ def _iter_jsonl(unit: Unit) -> Iterator[Record]:
                 yield Record(key, where, skip_reason="missing_key",
                              message=f"key {unit.jsonl_key!r} is {type(val).__name__}, not a string")
                 continue
-            yield _doc(key, where, val)
+            yield _doc(key, where, val, unit.normalize)
 
 
 def _iter_txt(unit: Unit) -> Iterator[Record]:
@@ -339,7 +361,7 @@ def _iter_txt(unit: Unit) -> Iterator[Record]:
             yield Record(name, name, skip_reason="unreadable_file", message=str(e))
             continue
         try:
-            yield _doc(name, name, _decode(raw, name))
+            yield _doc(name, name, _decode(raw, name), unit.normalize)
         except ReadError as e:
             yield Record(name, name, skip_reason=e.reason, message=e.detail)
 
@@ -355,7 +377,7 @@ def _iter_table_batches(batches, unit: Unit, first_row: int) -> Iterator[Record]
             if not isinstance(val, str):
                 yield Record(key, where, skip_reason="missing_key", message=f"{unit.jsonl_key!r} is null/not a string")
             else:
-                yield _doc(key, where, val)
+                yield _doc(key, where, val, unit.normalize)
 
 
 def _iter_parquet(unit: Unit) -> Iterator[Record]:
@@ -415,7 +437,7 @@ class _Window(io.RawIOBase):
         super().close()
 
 
-def _iter_txt_tar(tf: tarfile.TarFile, prefix: str) -> Iterator[Record]:
+def _iter_txt_tar(tf: tarfile.TarFile, prefix: str, rule: str) -> Iterator[Record]:
     """Documents (`.txt` members) of an inner OpenWebText subset tar, or nested `.xz` tars."""
     for m in tf:
         if not m.isfile():
@@ -424,19 +446,19 @@ def _iter_txt_tar(tf: tarfile.TarFile, prefix: str) -> Iterator[Record]:
         fobj = tf.extractfile(m)
         data = fobj.read() if fobj is not None else b""
         if m.name.lower().endswith(".xz"):
-            yield from _iter_inner_xz(io.BytesIO(data), where)
+            yield from _iter_inner_xz(io.BytesIO(data), where, rule)
             continue
         try:
-            yield _doc(where, where, _decode(data, where))
+            yield _doc(where, where, _decode(data, where), rule)
         except ReadError as e:
             yield Record(where, where, skip_reason=e.reason, message=e.detail)
 
 
-def _iter_inner_xz(fileobj, where: str) -> Iterator[Record]:
+def _iter_inner_xz(fileobj, where: str, rule: str) -> Iterator[Record]:
     """An `urlsf_subset*.xz`: an xz-compressed tar of `.txt` documents, streamed."""
     try:
         with tarfile.open(fileobj=fileobj, mode="r|xz") as tf:
-            yield from _iter_txt_tar(tf, where)
+            yield from _iter_txt_tar(tf, where, rule)
     except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
         yield Record(f"{where}!error", where, skip_reason="corrupt_archive",
                      message=f"truncated or corrupt archive ({type(e).__name__}: {e})")
@@ -445,7 +467,7 @@ def _iter_inner_xz(fileobj, where: str) -> Iterator[Record]:
 def _iter_owt(unit: Unit) -> Iterator[Record]:
     if unit.member:  # one inner .xz of a plain tar, read in place
         where = f"{unit.name}:{unit.member}"
-        yield from _iter_inner_xz(io.BufferedReader(_Window(unit.path, unit.start, unit.end)), where)
+        yield from _iter_inner_xz(io.BufferedReader(_Window(unit.path, unit.start, unit.end)), where, unit.normalize)
         return
     low = unit.path.lower()
     try:
@@ -459,7 +481,7 @@ def _iter_owt(unit: Unit) -> Iterator[Record]:
             mode = "r|xz"  # urlsf_subset*.xz and openwebtext.tar.xz are both xz'd tars
         try:
             with tarfile.open(fileobj=fh, mode=mode) as tf:
-                yield from _iter_txt_tar(tf, unit.name)
+                yield from _iter_txt_tar(tf, unit.name, unit.normalize)
         except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
             yield Record(f"{unit.name}!error", unit.name, skip_reason="corrupt_archive",
                          message=f"truncated or corrupt archive ({type(e).__name__}: {e})")
