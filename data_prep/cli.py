@@ -7,7 +7,7 @@ import sys
 from typing import Optional
 
 from data_prep.errors import one_line
-from data_prep.readers import FORMATS, NORMALIZE_RULES
+from data_prep.units import FORMATS, NORMALIZE_RULES
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ import os
 from typing import Optional
 
 from data_prep.checksums import sampled_sha256
-from data_prep.readers import Unit
+from data_prep.units import Unit
 
 
 def input_files(units: list[Unit]) -> list[tuple[str, str]]:

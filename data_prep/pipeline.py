@@ -28,7 +28,7 @@ from data_prep.errors import DataError, naming_output
 from data_prep.fingerprint import build_state, describe_changes, fingerprint
 from data_prep.manifest import MANIFEST_VERSION, manifest_path, read_json, shard_prefix, valid_prefix, write_json_atomic
 from data_prep.progress import Progress
-from data_prep.readers import Unit, plan_units
+from data_prep.units import Unit, plan_units
 from data_prep.summary import no_documents_message, write_manifest
 from data_prep.tokenize_stage import (WorkerContext, completed_unit_record, init_worker, tokenize_unit,
                                       unit_paths)

@@ -11,7 +11,7 @@ import numpy as np
 from data_prep import __version__
 from data_prep.errors import DataError
 from data_prep.manifest import MANIFEST_VERSION, manifest_path, write_json_atomic
-from data_prep.readers import Unit
+from data_prep.units import Unit
 
 
 def _tree_bytes(path: str) -> int:

@@ -19,7 +19,8 @@ import numpy as np
 
 from data_prep.errors import DataError, naming_output
 from data_prep.manifest import read_json, write_json_atomic
-from data_prep.readers import Unit, iter_unit
+from data_prep.readers import iter_unit
+from data_prep.units import Unit
 from data_prep.tokenizers import Tokenizer
 from data_prep.writer import token_dtype
 

@@ -6,7 +6,6 @@ Runtime ~15 s (one subprocess per case; the disk-full case mounts a 256 KiB tmpf
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from data_prep.readers import Unit, iter_unit, normalize, plan_units
+from data_prep.readers import iter_unit, normalize
+from data_prep.units import Unit, plan_units
 from test_data_prep_helpers import (make_docs, write_arrow_stream, write_jsonl, write_owt_dir,
                                     write_owt_plain_tar, write_parquet, write_txt_dir)
 
