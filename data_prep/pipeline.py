@@ -263,7 +263,8 @@ def _draw_validation(cfg: BuildConfig, plan: BuildPlan, comm: Comm) -> tuple[np.
 
 
 def _assemble_outputs(cfg: BuildConfig, plan: BuildPlan, comm: Comm, context: WorkerContext, valid: np.ndarray,
-                      unit_records: list[dict], previous_manifest: Optional[dict], megatron_waits: list) -> dict:
+                      unit_records: list[dict], previous_manifest: Optional[dict],
+                      megatron_waits: list) -> Optional[dict]:
     """Stage 2 on this rank; returns every output's manifest entry on rank 0 (None elsewhere)."""
     names: list = list(range(cfg.num_shards)) + ["valid"]
     prefixes = {name: valid_prefix(cfg.output_prefix) if name == "valid" else shard_prefix(cfg.output_prefix, name)

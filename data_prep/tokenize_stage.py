@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from data_prep.units import Unit
 from data_prep.tokenizers import Tokenizer
 from data_prep.writer import token_dtype
 
+if TYPE_CHECKING:  # the pipeline imports this module
+    from data_prep.pipeline import BuildConfig
+
 SKIP_LOG_LIMIT = 50  # skip messages kept per unit (all skips are counted)
 
 
@@ -32,7 +35,7 @@ class WorkerContext:
     """What every tokenising (and assembling) worker needs; set once per process by `init_worker`."""
 
     tokenizer: Tokenizer
-    config: Any  # pipeline.BuildConfig (not imported: the pipeline imports this module)
+    config: "BuildConfig"
     work_dir: str
     fingerprint: str
 
