@@ -72,25 +72,34 @@ def _number(num_digits: int, rng: random.Random) -> int:
     return rng.randrange(10 ** (num_digits - 1), 10 ** num_digits)
 
 
-def _copy(n: int, rng: random.Random):
-    x = [rng.choice(SYMBOLS) for _ in range(n)]
-    return ["Copy", ":", *x], x
+# Each task is a sampler of prompts (length n, rng) and a solver prompt -> answer; the solver
+# is what tests check against the papers' printed examples.
+
+def _symbols(n: int, rng: random.Random, alphabet=SYMBOLS) -> list[str]:
+    return [rng.choice(alphabet) for _ in range(n)]
 
 
-def _copy2(n: int, rng: random.Random):
-    x = [rng.choice(SYMBOLS)] * n
-    return ["Copy", ":", *x], x
+def _sample_copy(n: int, rng: random.Random) -> list[str]:
+    return ["Copy", ":", *_symbols(n, rng)]
 
 
-def _reverse(n: int, rng: random.Random):
-    x = [rng.choice(SYMBOLS) for _ in range(n)]
-    return x, x[::-1]
+def _sample_copy2(n: int, rng: random.Random) -> list[str]:
+    return ["Copy", ":", *[rng.choice(SYMBOLS)] * n]
 
 
-def _addition(n: int, rng: random.Random):
+def _solve_copy(prompt: list[str]) -> list[str]:
+    return list(prompt[2:])
+
+
+def _sample_addition(n: int, rng: random.Random) -> list[str]:
     left_digits = rng.randint(1, n - 1)
     a, b = _number(left_digits, rng), _number(n - left_digits, rng)
-    return ["Compute", *_digits(a), "+", *_digits(b), "?"], ["The", "answer", "is", *_digits(a + b), "."]
+    return ["Compute", *_digits(a), "+", *_digits(b), "?"]
+
+
+def _solve_addition(prompt: list[str]) -> list[str]:
+    a, b = "".join(prompt[1:-1]).split("+")
+    return ["The", "answer", "is", *_digits(int(a) + int(b)), "."]
 
 
 def _list_tokens(numbers: list[int]) -> list[str]:
@@ -100,32 +109,37 @@ def _list_tokens(numbers: list[int]) -> list[str]:
     return tokens + ["]"]
 
 
-def _sort(n: int, rng: random.Random):
+def _sample_sort(n: int, rng: random.Random) -> list[str]:
     numbers = [_number(rng.randint(1, MAX_SORT_DIGITS), rng) for _ in range(n)]
-    return (["Sort", "the", "following", "list", *_list_tokens(numbers), "."],
-            ["The", "sorted", "list", "is", *_list_tokens(sorted(numbers)), "."])
+    return ["Sort", "the", "following", "list", *_list_tokens(numbers), "."]
 
 
-def _summation(n: int, rng: random.Random):
-    terms = [rng.randrange(10) for _ in range(n)]
+def _solve_sort(prompt: list[str]) -> list[str]:
+    numbers = [int(item) for item in "".join(prompt[5:-2]).split(",")]
+    return ["The", "sorted", "list", "is", *_list_tokens(sorted(numbers)), "."]
+
+
+def _sample_summation(n: int, rng: random.Random) -> list[str]:
     prompt = ["Compute", ":"]
-    for i, term in enumerate(terms):
-        prompt += (["+"] if i else []) + [str(term)]
-    return prompt + ["."], ["The", "answer", "is", str(sum(terms) % 10), "."]
+    for i in range(n):
+        prompt += (["+"] if i else []) + [str(rng.randrange(10))]
+    return prompt + ["."]
 
 
-def _duplicate(n: int, rng: random.Random):
-    x = [rng.choice("01") for _ in range(n)]
-    return x, x + x
+def _solve_summation(prompt: list[str]) -> list[str]:
+    total = sum(int(t) for t in prompt[2:-1] if t != "+")
+    return ["The", "answer", "is", str(total % 10), "."]
 
 
-def _missing_duplicate(n: int, rng: random.Random):
-    w = [rng.choice("01") for _ in range(n)]
-    ww = w + w
-    hidden = rng.randrange(2 * n)
-    answer = ww[hidden]
-    ww[hidden] = "_"
-    return ww, [answer]
+def _sample_missing_duplicate(n: int, rng: random.Random) -> list[str]:
+    ww = _symbols(n, rng, "01") * 2
+    ww[rng.randrange(2 * n)] = "_"
+    return ww
+
+
+def _solve_missing_duplicate(prompt: list[str]) -> list[str]:
+    n, hidden = len(prompt) // 2, prompt.index("_")
+    return [prompt[(hidden + n) % (2 * n)]]
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,8 @@ class Task:
     """A task: its generator, smallest length, and the longest token sequence a length can give."""
 
     name: str
-    make: Callable[[int, random.Random], tuple[list[str], list[str]]]
+    sample: Callable[[int, random.Random], list[str]]  # (n, rng) -> prompt
+    solve: Callable[[list[str]], list[str]]  # prompt -> answer
     min_length: int
     # Upper bound on len(Example.ids()) at length n (used to size seq_length).
     max_tokens: Callable[[int], int]
@@ -141,16 +156,18 @@ class Task:
 
 
 TASKS: dict[str, Task] = {
-    "copy": Task("copy", _copy, 1, lambda n: 2 * n + 5, "RFS Table 4 (Kazemnejad et al.)"),
-    "copy2": Task("copy2", _copy2, 1, lambda n: 2 * n + 5, "RFS Table 4"),
-    "reverse": Task("reverse", _reverse, 1, lambda n: 2 * n + 3, "RFS Table 4"),
+    "copy": Task("copy", _sample_copy, _solve_copy, 1, lambda n: 2 * n + 5, "RFS Table 4 (Kazemnejad et al.)"),
+    "copy2": Task("copy2", _sample_copy2, _solve_copy, 1, lambda n: 2 * n + 5, "RFS Table 4"),
+    "reverse": Task("reverse", _symbols, lambda p: p[::-1], 1, lambda n: 2 * n + 3, "RFS Table 4"),
     # a + b has at most max(digits) + 1 <= n digits.
-    "addition": Task("addition", _addition, 2, lambda n: 2 * n + 10, "RFS Table 4"),
-    "sort": Task("sort", _sort, 1, lambda n: 2 * n * (MAX_SORT_DIGITS + 1) + 15, "RFS Table 4"),
-    "summation": Task("summation", _summation, 1, lambda n: 2 * n + 10, "RFS Table 4"),
-    "duplicate": Task("duplicate", _duplicate, 1, lambda n: 3 * n + 3, "Ruoss et al. (Delétang et al.)"),
-    "missing_duplicate": Task("missing_duplicate", _missing_duplicate, 1, lambda n: 2 * n + 4,
-                              "Ruoss et al. (Delétang et al.)"),
+    "addition": Task("addition", _sample_addition, _solve_addition, 2, lambda n: 2 * n + 10, "RFS Table 4"),
+    "sort": Task("sort", _sample_sort, _solve_sort, 1, lambda n: 2 * n * (MAX_SORT_DIGITS + 1) + 15,
+                 "RFS Table 4"),
+    "summation": Task("summation", _sample_summation, _solve_summation, 1, lambda n: 2 * n + 10, "RFS Table 4"),
+    "duplicate": Task("duplicate", lambda n, rng: _symbols(n, rng, "01"), lambda p: p + p, 1,
+                      lambda n: 3 * n + 3, "Ruoss et al. (Delétang et al.)"),
+    "missing_duplicate": Task("missing_duplicate", _sample_missing_duplicate, _solve_missing_duplicate, 1,
+                              lambda n: 2 * n + 4, "Ruoss et al. (Delétang et al.)"),
 }
 
 
@@ -166,8 +183,13 @@ def generate(task: str, length: int, rng: random.Random) -> Example:
     spec = get_task(task)
     if length < spec.min_length:
         raise ValueError(f"task {task!r} needs length >= {spec.min_length} (got {length})")
-    prompt, answer = spec.make(length, rng)
-    return Example(task, length, tuple(prompt), tuple(answer))
+    prompt = spec.sample(length, rng)
+    return Example(task, length, tuple(prompt), tuple(spec.solve(list(prompt))))
+
+
+def solve(task: str, prompt: str) -> str:
+    """The answer to a space-separated prompt, e.g. solve('summation', 'Compute : 3 + 9 .') == 'The answer is 2 .'."""
+    return " ".join(get_task(task).solve(prompt.split()))
 
 
 def keyed_rng(task: str, seed: int, split: str, index: int) -> random.Random:
