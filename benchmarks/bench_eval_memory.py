@@ -2,7 +2,7 @@
 
 What runs: a 'cpu-small' model (d 128, 4 layers, 4 heads, vocab 4096; randomly initialised,
 since memory does not depend on the weights) is saved once as a Megatron checkpoint through
-the trainer's `Engine` + `pretrain.checkpoint.save`, then every (backend, length) case loads
+the trainer's `Engine` + `pretrain.trainer.checkpoint.save`, then every (backend, length) case loads
 it with `load_scorer(checkpoint, backend=...)` -- for `hf` that is `megatron_to_llama` +
 `HFScorer` (SDPA `is_causal`, LM head in 1024-position chunks), exactly what
 `python -m pretrain.evaluation` uses -- and scores ONE span of L tokens with
@@ -78,9 +78,10 @@ def make_checkpoint(run_dir: str) -> None:
     import torch
 
     from megatron_ext.model import ParallelConfig
-    from pretrain import checkpoint, distributed
-    from pretrain import config as config_module
-    from pretrain.engine import Engine, OptimizerSettings
+    from pretrain.trainer import checkpoint, distributed
+    from pretrain.trainer import config as config_module
+    from pretrain.trainer.config import OptimizerSettings
+    from pretrain.trainer.engine import Engine
 
     torch.set_num_threads(1)
     distributed.initialize(ParallelConfig(), seed=SEED)

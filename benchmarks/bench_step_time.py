@@ -16,10 +16,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_ext.model import ParallelConfig, preset  # noqa: E402
+from megatron_ext.model import ParallelConfig  # noqa: E402
+from pretrain.experiments.table import model_preset  # noqa: E402
 from megatron_ext.positions import PositionConfig, build_sampler  # noqa: E402
-from pretrain import distributed  # noqa: E402
-from pretrain.engine import Engine, OptimizerSettings  # noqa: E402
+from pretrain.trainer import distributed  # noqa: E402
+from pretrain.trainer.config import OptimizerSettings  # noqa: E402
+from pretrain.trainer.engine import Engine  # noqa: E402
 
 STRATEGIES = {
     "none": {},
@@ -41,7 +43,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
     distributed.initialize(ParallelConfig(), seed=0)
-    model = preset(args.preset, seq_length=args.seq)
+    model = model_preset(args.preset, seq_length=args.seq)
     engines, samplers = {}, {}
     for name, fields in STRATEGIES.items():
         samplers[name] = build_sampler(PositionConfig(**fields), seed=0, train_seq_len=args.seq,

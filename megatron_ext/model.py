@@ -1,4 +1,6 @@
-"""Model configuration (named like Megatron's TransformerConfig), Table 1 presets, builder.
+"""Model configuration (named like Megatron's TransformerConfig) and the Megatron model builder.
+
+The named sizes (Table 1 and CPU models) live in pretrain/experiments/table.py.
 
 The architecture is the PosAug paper's: decoder-only, SwiGLU, RMSNorm, GQA, tied
 embeddings, RoPE (base 10000 by default, non-interleaved so it equals HF Llama's).
@@ -118,39 +120,6 @@ class ModelConfig:
         return 6 * n + attention
 
 
-# PosAug paper, Table 1 (all SwiGLU, RMSNorm, GQA, tied embeddings; vocab 50,257 GPT-NeoX).
-# "Params" there is the non-embedding count; `table1_params` records it for the test.
-PRESETS: dict[str, dict] = {
-    "10m": dict(hidden_size=384, num_attention_heads=6, num_query_groups=6, num_layers=6,
-                ffn_hidden_size=1024, table1_params=10.6e6, table1_tokens=500e6),
-    "42m": dict(hidden_size=768, num_attention_heads=12, num_query_groups=12, num_layers=6,
-                ffn_hidden_size=2048, table1_params=42.5e6, table1_tokens=850e6),
-    "113m": dict(hidden_size=768, num_attention_heads=12, num_query_groups=12, num_layers=12,
-                 ffn_hidden_size=3072, table1_params=113.3e6, table1_tokens=2.3e9),
-    "425m": dict(hidden_size=1280, num_attention_heads=20, num_query_groups=4, num_layers=24,
-                 ffn_hidden_size=3584, table1_params=424.7e6, table1_tokens=500e6),
-    "1b": dict(hidden_size=2048, num_attention_heads=32, num_query_groups=8, num_layers=24,
-               ffn_hidden_size=5632, table1_params=1082e6, table1_tokens=500e6),
-    # CPU scale: the reproduction/demo model (d 128, 4 layers, 4 heads) and a unit-test model.
-    "cpu-small": dict(hidden_size=128, num_attention_heads=4, num_query_groups=4, num_layers=4,
-                      ffn_hidden_size=352, seq_length=64, vocab_size=4096),
-    "tiny": dict(hidden_size=64, num_attention_heads=4, num_query_groups=2, num_layers=4,
-                 ffn_hidden_size=128, seq_length=32, vocab_size=256),
-}
-PAPER_DEFAULTS = dict(seq_length=2048, vocab_size=50257)
-TABLE1_SIZES = ("10m", "42m", "113m", "425m", "1b")
-
-
-def preset(name: str, **overrides) -> ModelConfig:
-    """The named preset as a ModelConfig; keyword overrides win."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
-    values = {k: v for k, v in PRESETS[name].items() if not k.startswith("table1_")}
-    if name in TABLE1_SIZES:
-        values = {**PAPER_DEFAULTS, **values}
-    return ModelConfig(**{**values, **overrides})
-
-
 @dataclass
 class ParallelConfig:
     """Model-parallel layout; names follow Megatron's arguments."""
@@ -167,6 +136,15 @@ class ParallelConfig:
                 raise ValueError(f"parallel.{name} must be >= 1 (got {getattr(self, name)})")
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             self.sequence_parallel = False  # Megatron disables it for TP=1 too
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """DP = world / (TP × PP × CP); ValueError when the world does not divide."""
+        model_parallel = (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+                          * self.context_parallel_size)
+        if world_size % model_parallel:
+            raise ValueError(f"world size {world_size} is not divisible by TP×PP×CP = {model_parallel}; "
+                             "change parallel.* or the number of processes")
+        return world_size // model_parallel
 
     def check_model(self, model: ModelConfig) -> None:
         """Clear errors for layouts Megatron would reject later (and less clearly)."""

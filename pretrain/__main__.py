@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "train": ("pretrain.train", "main", "train a model (YAML config + --set overrides)"),
-    "demo": ("pretrain.demo", "main", "the embedded CPU demo: baseline vs PosAug on a no-download corpus"),
+    "train": ("pretrain.trainer.loop", "main", "train a model (YAML config + --set overrides)"),
+    "demo": ("pretrain.experiments.demo", "main", "the embedded CPU demo: baseline vs PosAug on a no-download corpus"),
     "eval": ("pretrain.evaluation", "eval_cli", "per-position loss, cliff, context gain, passkey"),
-    "export-hf": ("pretrain.hf_export", "export_cli", "checkpoint -> Hugging Face Llama directory"),
-    "import-hf": ("pretrain.hf_export", "import_cli", "Hugging Face Llama directory -> checkpoint"),
-    "reproduce": ("pretrain.reproduce", "main", "paper-style comparison at CPU scale"),
+    "export-hf": ("pretrain.hf.export", "export_cli", "checkpoint -> Hugging Face Llama directory"),
+    "import-hf": ("pretrain.hf.export", "import_cli", "Hugging Face Llama directory -> checkpoint"),
+    "reproduce": ("pretrain.experiments.reproduce", "main", "paper-style comparison at CPU scale"),
 }
 
 

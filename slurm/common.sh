@@ -196,7 +196,7 @@ read -r -a _SRUN_EXTRA <<<"${SRUN_EXTRA_ARGS:-}"
 SRUN_CMD+=("${_SRUN_EXTRA[@]}" "$POSAUG_ROOT/slurm/rank_env.sh")
 
 REQUEUE=${REQUEUE:-1}
-REQUEUE_EXIT_CODE=${REQUEUE_EXIT_CODE:-75}  # pretrain/config.py REQUEUE_EXIT_CODE
+REQUEUE_EXIT_CODE=${REQUEUE_EXIT_CODE:-75}  # pretrain/trainer/config.py REQUEUE_EXIT_CODE
 
 # ---- print what will run ----------------------------------------------------------------------------
 cat <<SETTINGS

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 def megatron_world():
     """Megatron parallel state for one gloo process (TP=PP=1), shared by in-process tests."""
     from megatron_ext.model import ParallelConfig
-    from pretrain import distributed
+    from pretrain.trainer import distributed
 
     distributed.initialize(ParallelConfig(), seed=1234)
     yield

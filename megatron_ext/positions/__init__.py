@@ -30,12 +30,15 @@ from .config import (ALPHA_DISTRIBUTIONS, CURRICULA, LAYER_MODES, STRATEGIES, TA
 from .rng import position_generator
 from .rope_positions import RopePositions
 from .sampler import PositionSampler, build_sampler
-from .scaling import ROPE_SCALING_KINDS, RopeScaling, rope_inv_freq, scaled_inv_freq
+from .scaling import (HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, RopeScaling, rope_inv_freq,
+                      scaled_inv_freq, scaling_kind)
 
 __all__ = [
     "ALPHA_DISTRIBUTIONS",
     "CURRICULA",
     "LAYER_MODES",
+    "HF_ROPE_TYPE",
+    "ROPE_SCALING_ALIASES",
     "ROPE_SCALING_KINDS",
     "STRATEGIES",
     "TAIL_FUNCTIONS",
@@ -47,4 +50,5 @@ __all__ = [
     "position_generator",
     "rope_inv_freq",
     "scaled_inv_freq",
+    "scaling_kind",
 ]

@@ -12,7 +12,23 @@ from dataclasses import dataclass
 
 import torch
 
+# The one vocabulary of inference-time RoPE scaling: config fields, CLI choices, scorers and
+# the HF export all use these names.
 ROPE_SCALING_KINDS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+# Hugging Face names accepted on input (the export CLI took them before).
+ROPE_SCALING_ALIASES = {"linear": "pi", "dynamic": "dynamic_ntk", "default": "none"}
+# How each kind is written in a Hugging Face Llama config (transformers' rope_type). Static NTK has
+# no rope_type of its own: it is a change of base, exported as rope_theta with the default type.
+HF_ROPE_TYPE = {"none": "default", "pi": "linear", "ntk": "default", "dynamic_ntk": "dynamic", "yarn": "yarn"}
+
+
+def scaling_kind(name: str | None) -> str:
+    """Canonical kind of `name` (an HF alias is accepted); ValueError lists the choices."""
+    kind = ROPE_SCALING_ALIASES.get(name or "none", name or "none")
+    if kind not in ROPE_SCALING_KINDS:
+        raise ValueError(f"rope scaling must be one of {', '.join(ROPE_SCALING_KINDS)} "
+                         f"(or the HF names {', '.join(ROPE_SCALING_ALIASES)}); got {name!r}")
+    return kind
 
 
 def rope_inv_freq(rotary_dim: int, base: float, device: torch.device | str | None = None) -> torch.Tensor:

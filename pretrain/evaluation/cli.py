@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from megatron_ext.positions import ROPE_SCALING_KINDS
+
 from . import metrics, passkey as retrieval, report
 from .data import TokenStream, eval_spans, load_stream
 from .scorers import BACKENDS, Scorer, load_scorer
@@ -19,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans: int, *,
-             batch_size: int | None = None, in_start: int | None = None, gain_contexts: list[int] | None = None,
+             batch_size: int | None = None, max_batch_tokens: int = metrics.MAX_BATCH_TOKENS,
+             in_start: int | None = None, gain_contexts: list[int] | None = None,
              gain_window: int = 512, gain_method: str = "exact", kv_chunk: int | None = None,
              passkey_lengths: list[int] | None = None, passkey_n: int = 100, ruler_lengths: list[int] | None = None,
              ruler_n: int = 50, tokenizer=None, entropy_spans: int = 0, label: str | None = None,
@@ -39,7 +42,8 @@ def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans:
     w = info.train_window
     for length in lengths:
         spans = eval_spans(stream, num_spans, length)
-        losses = metrics.per_position_loss(scorer, spans, batch_size=batch_size, progress=progress)
+        losses = metrics.per_position_loss(scorer, spans, batch_size=batch_size,
+                                           max_batch_tokens=max_batch_tokens, progress=progress)
         curve = losses.double().mean(0)
         entry = {"loss": curve.mean().item(), "curve": [round(v, 6) for v in curve.tolist()]}
         if length > w + 1:
@@ -49,7 +53,7 @@ def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans:
         spans = eval_spans(stream, num_spans, max(gain_contexts))
         record["context_gain"] = metrics.context_gain(
             scorer, spans, gain_contexts, window=gain_window, method=gain_method, chunk=kv_chunk,
-            batch_size=batch_size, progress=progress)
+            batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress)
     if entropy_spans:
         length = max(lengths)
         record["entropy"] = dict(metrics.attention_entropy_ratio(
@@ -85,11 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=BACKENDS, default="hf",
                      help="hf: SDPA, memory linear in L (default); megatron: FloatPositionGPTModel directly")
     run.add_argument("--train-window", type=int, help="training window w (required for HF dirs)")
-    run.add_argument("--rope-scaling", choices=("none", "pi", "ntk", "dynamic_ntk", "yarn"),
+    run.add_argument("--rope-scaling", choices=ROPE_SCALING_KINDS,
                      help="inference-time RoPE transform on top of the run's evaluation positions")
     run.add_argument("--factor", type=float, help="rope scaling factor (default: L_eval / w)")
     run.add_argument("--batch-size", type=int, help="spans per forward pass (default: from --max-batch-tokens)")
-    run.add_argument("--max-batch-tokens", type=int, default=16384, help="token budget per forward pass")
+    run.add_argument("--max-batch-tokens", type=int, default=metrics.MAX_BATCH_TOKENS, help="token budget per forward pass")
     run.add_argument("--in-start", type=int, help="first in-distribution position of the cliff (default 64)")
     run.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
     run.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
@@ -170,7 +174,7 @@ def _run(args) -> int:
     batch_size = args.batch_size
     record = evaluate(
         scorer, stream, args.lengths, args.num_spans,
-        batch_size=batch_size, in_start=args.in_start, gain_contexts=args.context_gain,
+        batch_size=batch_size, max_batch_tokens=args.max_batch_tokens, in_start=args.in_start, gain_contexts=args.context_gain,
         gain_window=args.gain_window, gain_method=args.gain_method, kv_chunk=args.kv_chunk,
         passkey_lengths=args.passkey_lengths, passkey_n=args.passkey_n, ruler_lengths=args.ruler_lengths,
         ruler_n=args.ruler_n, tokenizer=tokenizer, entropy_spans=args.entropy_spans, label=args.label,

@@ -71,7 +71,8 @@ def record_metrics(record: dict) -> dict[str, float]:
     return out
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """(mean, sample std) of the finite values; std is NaN for one value, both NaN for none."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
         return math.nan, math.nan
@@ -91,7 +92,7 @@ def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
         raise ValueError(f"baseline {baseline!r} is not among the runs' labels {sorted(groups)}")
     base_in = {}
     if baseline is not None:
-        for key, (mean, _) in ((k, _mean_std([record_metrics(r).get(k) for r in groups[baseline]]))
+        for key, (mean, _) in ((k, mean_std([record_metrics(r).get(k) for r in groups[baseline]]))
                                for k in {k for r in groups[baseline] for k in record_metrics(r)}
                                if k.startswith("in_dist@")):
             base_in[key.split("@")[1]] = mean
@@ -106,7 +107,7 @@ def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
         rows.append({"label": label, "n": len(runs), "seeds": [r.get("seed") for r in runs],
                      "parameters": runs[0].get("parameters"), "strategy": runs[0].get("strategy"),
                      "train_window": runs[0].get("train_window"),
-                     "metrics": {k: _mean_std([m.get(k) for m in per_run]) for k in keys}})
+                     "metrics": {k: mean_std([m.get(k) for m in per_run]) for k in keys}})
     return rows
 
 
@@ -203,7 +204,7 @@ def plot_context_gain(records: list[dict], path: str | Path) -> Path:
             continue
         methods.add(f"{gains[0]['method']}, window {gains[0]['window']}")
         cs = sorted({int(c) for g in gains for c in g["values"]})
-        stats = [_mean_std([g["values"].get(str(c), g["values"].get(c)) for g in gains]) for c in cs]
+        stats = [mean_std([g["values"].get(str(c), g["values"].get(c)) for g in gains]) for c in cs]
         ax.errorbar(cs, [m for m, _ in stats], yerr=[0 if not math.isfinite(s) else s for _, s in stats],
                     marker="o", capsize=3, label=label)
     ax.axhline(0, color="gray", linewidth=0.8)
@@ -225,7 +226,7 @@ def plot_cliff_vs_size(records: list[dict], path: str | Path, *, length: int | N
         cliffs = [r["lengths"][key]["cliff"]["cliff"] for r in runs
                   if key in r["lengths"] and r["lengths"][key].get("cliff")]
         if cliffs and runs[0].get("parameters"):
-            mean, std = _mean_std(cliffs)
+            mean, std = mean_std(cliffs)
             series[runs[0].get("strategy") or label].append((runs[0]["parameters"], mean, std))
     for strategy, points in series.items():
         points.sort()

@@ -1,7 +1,7 @@
 """Two scoring backends behind one interface.
 
 - `HFScorer`: any Hugging Face causal LM with RoPE (and our Megatron checkpoints converted
-  in memory by `pretrain.hf_export.megatron_to_llama`). SDPA attention with `is_causal`, so
+  in memory by `pretrain.hf.export.megatron_to_llama`). SDPA attention with `is_causal`, so
   memory grows linearly with the evaluation length; the LM head runs in chunks so logits
   are never [L, V] at once. Float evaluation positions go in as `position_ids`; replacement
   inverse frequencies / YaRN attention factor are written into the rotary module(s) for
@@ -298,7 +298,7 @@ class MegatronScorer(Scorer):
 
 def is_megatron_checkpoint(path: str | Path) -> bool:
     """True for a run directory or iter_* directory written by our trainer."""
-    from pretrain import checkpoint
+    from pretrain.trainer import checkpoint
 
     try:
         checkpoint.resolve(path)
@@ -325,7 +325,9 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
     if not path.exists():
         raise FileNotFoundError(f"{source}: no such checkpoint or model directory")
     if is_megatron_checkpoint(path):
-        from pretrain.checkpoint import load_for_inference, read_train_state
+        from pretrain.trainer.checkpoint import read_train_state
+        from pretrain.trainer.config import plain_fields
+        from pretrain.trainer.inference_model import load_for_inference
 
         model, config = load_for_inference(path)
         window = config.model.seq_length
@@ -335,13 +337,13 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
         iteration = read_train_state(path).get("iteration")
         info = RunInfo(name=name or config.name, train_window=window, strategy=config.positions.strategy,
                        seed=config.seed, parameters=config.model.non_embedding_parameters(), source=str(path),
-                       extra={"iteration": iteration, "positions": _plain(config.positions),
+                       extra={"iteration": iteration, "positions": plain_fields(config.positions),
                               "data_path": config.data.data_path})
         scaling = _scaling(rope_scaling, factor, window)
         if backend == "megatron":
             return MegatronScorer(model.to(device), config.model, info, positions=config.positions,
                                   rope_scaling=scaling)
-        from pretrain.hf_export import megatron_to_llama
+        from pretrain.hf.export import megatron_to_llama
 
         hf = megatron_to_llama(model, config.model, vocab_size=config.model.vocab_size).to(device)
         return HFScorer(hf, info, positions=config.positions, rope_scaling=scaling)
@@ -362,12 +364,6 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
     info = RunInfo(name=name or path.name, train_window=train_window, source=str(path),
                    parameters=_hf_non_embedding(hf))
     return HFScorer(hf.to(device), info, rope_scaling=_scaling(rope_scaling, factor, train_window))
-
-
-def _plain(config) -> dict:
-    import dataclasses
-
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()}
 
 
 def _hf_non_embedding(model: torch.nn.Module) -> int:

@@ -10,11 +10,13 @@ import json
 import torch
 import torch.distributed as dist
 
-from megatron_ext.model import ParallelConfig, preset
+from megatron_ext.model import ParallelConfig
+from pretrain.experiments.table import model_preset
 from megatron_ext.positions import PositionConfig, build_sampler
-from pretrain import checkpoint, distributed
-from pretrain.config import CheckpointConfig, DataConfig, ScheduleConfig, TrainConfig, to_dict
-from pretrain.engine import Engine, OptimizerSettings
+from pretrain.trainer import checkpoint, distributed
+from pretrain.trainer.config import CheckpointConfig, DataConfig, ScheduleConfig, TrainConfig, to_dict
+from pretrain.trainer.config import OptimizerSettings
+from pretrain.trainer.engine import Engine
 
 MICRO_BATCH, MICROBATCHES, SEED = 2, 2, 1234
 
@@ -22,7 +24,7 @@ MICRO_BATCH, MICROBATCHES, SEED = 2, 2, 1234
 def tiny_config(run_dir: str, *, groups: int, untied: bool, tp: int = 1, pp: int = 1,
                 positions: dict | None = None, vocab_size: int = 512) -> TrainConfig:
     """The tiny preset with the given attention/embedding variant and layout."""
-    model = preset("tiny", num_query_groups=groups, untie_embeddings_and_output_weights=untied,
+    model = model_preset("tiny", num_query_groups=groups, untie_embeddings_and_output_weights=untied,
                    vocab_size=vocab_size)
     return TrainConfig(name="hf", seed=SEED, model=model,
                        parallel=ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
@@ -35,7 +37,7 @@ def tiny_config(run_dir: str, *, groups: int, untied: bool, tp: int = 1, pp: int
 
 
 def train_and_save(config: TrainConfig, steps: int = 2) -> str:
-    """A few real training steps on synthetic tokens, then pretrain.checkpoint.save (collective)."""
+    """A few real training steps on synthetic tokens, then pretrain.trainer.checkpoint.save (collective)."""
     model = config.model
     sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=model.seq_length,
                             num_layers=model.num_layers, rotary_dim=model.rotary_dim,

@@ -1,6 +1,6 @@
 """One or more real training steps under torchrun with a given TP/PP layout; prints JSON per step.
 
-Used by tests/test_parallel_equivalence.py: the same microbatches, weights and positions
+Used by tests/trainer/test_parallel_equivalence.py: the same microbatches, weights and positions
 under TP=2, PP=2 (1F1B) or DP=2 must give one process's loss and gradient norm.
 """
 
@@ -10,10 +10,12 @@ import json
 import torch
 import torch.distributed as dist
 
-from megatron_ext.model import ParallelConfig, preset
+from megatron_ext.model import ParallelConfig
+from pretrain.experiments.table import model_preset
 from megatron_ext.positions import PositionConfig, build_sampler
-from pretrain import distributed
-from pretrain.engine import Engine, OptimizerSettings
+from pretrain.trainer import distributed
+from pretrain.trainer.config import OptimizerSettings
+from pretrain.trainer.engine import Engine
 
 GLOBAL_MICROBATCHES, MICRO_BATCH, SEED = 4, 2, 1234
 
@@ -49,7 +51,7 @@ def main():
     parser.add_argument("--alpha", type=float, default=0.37)
     parser.add_argument("--distributed-optimizer", action="store_true")
     args = parser.parse_args()
-    model = preset("tiny")
+    model = model_preset("tiny")
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
                               sequence_parallel=args.tp > 1,
                               use_distributed_optimizer=args.distributed_optimizer)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pretrain.engine import NonFiniteLossError, _reduce_loss
+from pretrain.trainer.engine import NonFiniteLossError, _reduce_loss
 
 
 def test_non_finite_loss_names_step_and_microbatch(megatron_world):

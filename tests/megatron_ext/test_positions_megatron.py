@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from megatron_ext.model import ParallelConfig, preset
+from megatron_ext.model import ParallelConfig
+from pretrain.experiments.table import model_preset
 from megatron_ext.positions import PositionConfig, build_sampler
 
 STRATEGIES = {
@@ -28,9 +29,10 @@ STRATEGIES = {
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_strategy_trains_a_step_through_megatron_with_finite_loss_and_gradients(megatron_world, name):
-    from pretrain.engine import Engine, OptimizerSettings
+    from pretrain.trainer.config import OptimizerSettings
+    from pretrain.trainer.engine import Engine
 
-    model = preset("tiny")
+    model = model_preset("tiny")
     sampler = build_sampler(PositionConfig(**STRATEGIES[name]), seed=3, train_seq_len=model.seq_length,
                             num_layers=model.num_layers, rotary_dim=model.rotary_dim,
                             rotary_base=model.rotary_base, total_steps=10)

@@ -15,31 +15,7 @@ import torch.distributed as dist
 
 from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
-
-
-@dataclass
-class OptimizerSettings:
-    """AdamW + warmup/cosine schedule; names follow Megatron's arguments (PosAug Table 16)."""
-
-    lr: float = 6e-4
-    min_lr: float = 6e-5
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    lr_warmup_iters: int = 0
-    lr_decay_style: str = "cosine"
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"optimizer.lr must be > 0 and 0 <= optimizer.min_lr <= lr "
-                             f"(got lr={self.lr}, min_lr={self.min_lr})")
-        if self.lr_decay_style not in ("cosine", "linear", "constant"):
-            raise ValueError(f"optimizer.lr_decay_style must be cosine, linear or constant "
-                             f"(got {self.lr_decay_style!r})")
-        if self.lr_warmup_iters < 0:
-            raise ValueError(f"optimizer.lr_warmup_iters must be >= 0 (got {self.lr_warmup_iters})")
+from pretrain.trainer.config import OptimizerSettings
 
 
 @dataclass

@@ -3,19 +3,20 @@
 import pytest
 import torch
 
-from megatron_ext.model import PRESETS, TABLE1_SIZES, ModelConfig, ParallelConfig, build_model, preset
+from megatron_ext.model import ModelConfig, ParallelConfig, build_model
+from pretrain.experiments.table import SIZES, TABLE1_SIZES, model_preset
 
 
 @pytest.mark.parametrize("name", TABLE1_SIZES)
 def test_table1_preset_matches_paper_parameter_count_within_2_percent(name):
-    config = preset(name)  # counted from the config: nothing is allocated
-    expected = PRESETS[name]["table1_params"]
+    config = model_preset(name)  # counted from the config: nothing is allocated
+    expected = SIZES[name].table1_params
     assert config.vocab_size == 50257 and config.seq_length == 2048
     assert abs(config.non_embedding_parameters() - expected) / expected < 0.02
 
 
 def test_table1_presets_use_swiglu_gqa_and_tied_embeddings():
-    config = preset("425m")
+    config = model_preset("425m")
     assert config.num_query_groups == 4 and config.num_attention_heads == 20
     assert not config.untie_embeddings_and_output_weights
 
@@ -23,20 +24,20 @@ def test_table1_presets_use_swiglu_gqa_and_tied_embeddings():
 @pytest.mark.parametrize("name,kwargs", [("tiny", {}), ("cpu-small", {}),
                                          ("tiny", {"untie_embeddings_and_output_weights": True})])
 def test_parameter_formula_equals_built_megatron_model(megatron_world, name, kwargs):
-    config = preset(name, **kwargs)
+    config = model_preset(name, **kwargs)
     model = build_model(config)
     assert sum(p.numel() for p in model.parameters()) == config.total_parameters()
 
 
 def test_vocab_is_padded_to_multiple_of_divisor_times_tp():
-    config = preset("10m")
+    config = model_preset("10m")
     assert config.padded_vocab_size(1) == 50304
     assert config.padded_vocab_size(2) % 256 == 0 and config.padded_vocab_size(2) >= 50257
 
 
 def test_unknown_preset_names_the_choices():
     with pytest.raises(ValueError, match="unknown model preset 'huge'.*1b"):
-        preset("huge")
+        model_preset("huge")
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -58,12 +59,12 @@ def test_invalid_model_config_names_the_field(kwargs, message):
 ])
 def test_parallel_layout_is_checked_against_the_model(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        ParallelConfig(**kwargs).check_model(preset("tiny"))
+        ParallelConfig(**kwargs).check_model(model_preset("tiny"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_transformer_engine_on_cpu_fails_with_clear_message(megatron_world):
-    config = preset("tiny", transformer_impl="transformer_engine", bf16=True, fp8="hybrid")
+    config = model_preset("tiny", transformer_impl="transformer_engine", bf16=True, fp8="hybrid")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU.*model.transformer_impl=local"):
         build_model(config)
 
@@ -72,7 +73,7 @@ def test_transformer_engine_choice_selects_te_spec_and_fp8_recipe():
     from megatron.core.models.gpt import gpt_layer_specs
     from megatron_ext.model import layer_spec_function, transformer_config
 
-    config = preset("tiny", transformer_impl="transformer_engine", bf16=True, fp8="hybrid",
+    config = model_preset("tiny", transformer_impl="transformer_engine", bf16=True, fp8="hybrid",
                     fp8_recipe="delayed")
     assert layer_spec_function(config) is gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
     megatron_config = transformer_config(config)
@@ -85,7 +86,7 @@ def test_local_choice_selects_local_spec_in_float32():
     from megatron.core.models.gpt import gpt_layer_specs
     from megatron_ext.model import layer_spec_function, transformer_config
 
-    config = preset("tiny")
+    config = model_preset("tiny")
     assert layer_spec_function(config) is gpt_layer_specs.get_gpt_layer_local_spec
     megatron_config = transformer_config(config)
     assert megatron_config.params_dtype == torch.float32 and megatron_config.fp8 is None
@@ -95,5 +96,5 @@ def test_local_choice_selects_local_spec_in_float32():
 def test_per_sample_positions_force_unfused_rope():
     from megatron_ext.model import transformer_config
 
-    config = preset("tiny", transformer_impl="transformer_engine")
+    config = model_preset("tiny", transformer_impl="transformer_engine")
     assert not transformer_config(config, per_sample_positions=True).apply_rope_fusion

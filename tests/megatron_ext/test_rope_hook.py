@@ -6,17 +6,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron_ext.model import build_model, preset, transformer_config, layer_spec_function
+from megatron_ext.model import build_model, transformer_config, layer_spec_function
+from pretrain.experiments.table import model_preset
 from megatron_ext.positions import RopePositions, rope_inv_freq
 
 B, S = 3, 32
-CONFIG = preset("tiny")
+CONFIG = model_preset("tiny")
 
 
 @pytest.fixture(scope="module")
 def model(megatron_world):
     torch.manual_seed(0)
-    return build_model(preset("tiny")).eval()
+    return build_model(model_preset("tiny")).eval()
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def logits(model, tokens, positions):
 def test_arange_positions_reproduce_stock_megatron_bit_exactly(model, tokens):
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config = preset("tiny")
+    config = model_preset("tiny")
     stock = GPTModel(config=transformer_config(config),
                      transformer_layer_spec=layer_spec_function(config)(normalization="RMSNorm"),
                      vocab_size=config.padded_vocab_size(), max_sequence_length=S,
@@ -131,7 +132,7 @@ def test_attention_factor_scales_cos_and_sin_like_yarn(model, tokens):
 
 
 def test_gradients_flow_with_float_positions(megatron_world, tokens):
-    model = build_model(preset("tiny"))
+    model = build_model(model_preset("tiny"))
     loss = model(tokens, 3.3 * torch.arange(S, dtype=torch.float32), None, labels=tokens).mean()
     loss.backward()
     assert torch.isfinite(loss)

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from megatron_ext.model import build_model, preset
-from pretrain.hf_export import hf_logits, llama_config, megatron_to_llama, merge_qkv, split_qkv
+from megatron_ext.model import build_model
+from pretrain.experiments.table import model_preset
+from pretrain.hf.export import hf_logits, llama_config, megatron_to_llama, merge_qkv, split_qkv
 
 B, S = 2, 32
 
@@ -31,7 +32,7 @@ def tokens():
 
 @pytest.mark.parametrize("groups,untied", [(2, False), (4, True)], ids=["gqa_tied", "mha_untied"])
 def test_llama_logits_equal_megatron_logits_at_fractional_positions(megatron_world, tokens, groups, untied):
-    config = preset("tiny", num_query_groups=groups, vocab_size=200,
+    config = model_preset("tiny", num_query_groups=groups, vocab_size=200,
                     untie_embeddings_and_output_weights=untied)
     model = spread_weights(build_model(config), seed=groups)
     hf = megatron_to_llama(model, config)
@@ -42,7 +43,7 @@ def test_llama_logits_equal_megatron_logits_at_fractional_positions(megatron_wor
 
 
 def test_llama_from_state_dict_equals_llama_from_module(megatron_world, tokens):
-    config = preset("tiny", vocab_size=200)
+    config = model_preset("tiny", vocab_size=200)
     model = spread_weights(build_model(config), seed=7)
     from_module = hf_logits(megatron_to_llama(model, config), tokens)
     from_state = hf_logits(megatron_to_llama(model.state_dict(), config), tokens)
@@ -50,11 +51,11 @@ def test_llama_from_state_dict_equals_llama_from_module(megatron_world, tokens):
 
 
 def test_split_then_merge_qkv_restores_megatron_rows():
-    config = preset("tiny")  # 4 heads in 2 groups
+    config = model_preset("tiny")  # 4 heads in 2 groups
     qkv = torch.randn((4 + 2 * 2) * 16, 64)
     assert torch.equal(merge_qkv(*split_qkv(qkv, config), config), qkv)
 
 
 def test_interleaved_rope_is_refused():
     with pytest.raises(ValueError, match="interleaved RoPE"):
-        llama_config(preset("tiny", rotary_interleaved=True), 256)
+        llama_config(model_preset("tiny", rotary_interleaved=True), 256)

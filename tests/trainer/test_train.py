@@ -94,7 +94,7 @@ def test_kill_9_then_restart_continues_the_loss_curve_exactly(reference_run, tin
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_with_the_requeue_code(tiny_shards, tmp_path):
-    from pretrain.config import REQUEUE_EXIT_CODE
+    from pretrain.trainer.config import REQUEUE_EXIT_CODE
 
     proc = _start([*TINY_TRAIN, f"data.data_path={tiny_shards}", "schedule.train_iters=10000",
                    f"checkpoint.save={tmp_path}", "checkpoint.save_interval=100000"])

@@ -177,18 +177,3 @@ def load_model_weights(checkpoint: str | Path, model) -> dict:
     loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
     model.load_state_dict(loaded["model"])
     return json.loads((path / "train_state.json").read_text())
-
-
-def load_for_inference(checkpoint: str | Path):
-    """(model in eval mode, TrainConfig) from a checkpoint, on this process alone (TP=PP=1, CPU or GPU)."""
-    from megatron_ext.model import ParallelConfig, build_model
-    from pretrain import config as config_module
-    from pretrain import distributed
-
-    record = read_train_state(checkpoint)
-    train_config = config_module.from_dict(record["config"])
-    if not dist.is_initialized():
-        distributed.initialize(ParallelConfig(), seed=train_config.seed)
-    model = build_model(train_config.model, ParallelConfig())
-    load_model_weights(checkpoint, model)
-    return model.eval(), train_config

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from megatron_ext.positions import build_sampler
-from pretrain import checkpoint, distributed
-from pretrain.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
-from pretrain.data import SyntheticTokens, build_datasets, step_batches
-from pretrain.engine import Engine
+from pretrain.trainer import checkpoint, distributed
+from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
+from pretrain.trainer.data import SyntheticTokens, build_datasets, step_batches
+from pretrain.trainer.engine import Engine
 
 log = logging.getLogger("pretrain")
 
@@ -208,7 +208,7 @@ def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain train`."""
     import argparse
 
-    from pretrain import config as config_module
+    from pretrain.trainer import config as config_module
 
     parser = argparse.ArgumentParser(prog="python -m pretrain train",
                                      description="Train a RoPE GPT on Megatron-Core with a position strategy.")

@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from megatron_ext.model import build_model, preset
+from megatron_ext.model import build_model
+from pretrain.experiments.table import model_preset
 from megatron_ext.positions import PositionConfig, RopePositions
 from pretrain.evaluation import (HFScorer, MegatronScorer, RunInfo, aggregate, attention_entropy_ratio, cliff,
                                  context_gain, eval_cli, eval_spans, exact_window_losses, extract_answer,
@@ -18,7 +19,7 @@ from pretrain.evaluation.data import load_stream
 from pretrain.evaluation.metrics import auto_batch_size
 
 VOCAB, W, L = 300, 32, 80
-CONFIG = preset("tiny", vocab_size=VOCAB)  # padded to 384 rows: the padding must not leak into losses
+CONFIG = model_preset("tiny", vocab_size=VOCAB)  # padded to 384 rows: the padding must not leak into losses
 FILLER_TEXT = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
                "What is the pass key? The pass key is 12345. Remember it. One of the special magic numbers "
                "for apple is: 1234567. Some special magic numbers are hidden within the following text. ") * 20
@@ -32,7 +33,7 @@ def megatron_model(megatron_world):
 
 @pytest.fixture(scope="module")
 def scorers(megatron_model):
-    from pretrain.hf_export import megatron_to_llama
+    from pretrain.hf.export import megatron_to_llama
 
     info = RunInfo("tiny", W)
     hf = megatron_to_llama(megatron_model, CONFIG, vocab_size=VOCAB)
@@ -245,3 +246,20 @@ def test_cli_evaluates_an_hf_directory_on_a_text_file_and_reports(scorers, token
 def test_cli_reports_a_missing_checkpoint_as_an_error(tmp_path, capsys):
     assert eval_cli([str(tmp_path / "nope"), "--data", str(tmp_path), "--lengths", "64"]) == 2
     assert "no such checkpoint" in capsys.readouterr().err
+
+
+def test_max_batch_tokens_sets_the_number_of_spans_per_forward_pass(scorers, spans):
+    megatron, _ = scorers
+    batch_sizes = []
+    original = megatron.token_losses
+
+    def recording(tokens, rope=None):
+        batch_sizes.append(tokens.shape[0])
+        return original(tokens, rope)
+
+    megatron.token_losses = recording
+    try:
+        per_position_loss(megatron, spans, max_batch_tokens=2 * L)
+    finally:
+        del megatron.token_losses
+    assert batch_sizes == [2, 1]

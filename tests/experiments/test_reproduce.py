@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from pretrain.reproduce import PRESETS, summarise
+from pretrain.experiments.reproduce import PRESETS, summarise
 
 
 def _record(label, seed, in_dist, ood, gain=0.0):

@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
 from conftest import run_torchrun  # noqa: E402
 from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
 from megatron_ext.model import ParallelConfig, build_model  # noqa: E402
 from megatron_ext.positions import PositionConfig, build_sampler  # noqa: E402
-from pretrain.hf_export import (export_checkpoint, export_cli, hf_logits, hf_tokenizer, import_hf,  # noqa: E402
+from pretrain.hf.export import (export_checkpoint, export_cli, hf_logits, hf_tokenizer, import_hf,  # noqa: E402
                                 load_checkpoint_state, read_hf_weights)
 
 VOCAB = 512
@@ -215,7 +215,7 @@ def test_non_swiglu_model_is_refused_on_import(hf_llama_dir, tmp_path, capsys):
     config = json.loads((hf_llama_dir / "config.json").read_text())
     (tmp_path / "gelu" / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
     assert os.path.exists(hf_llama_dir / "model.safetensors")
-    from pretrain.hf_export import import_cli
+    from pretrain.hf.export import import_cli
 
     assert import_cli(["--hf", str(tmp_path / "gelu"), "--output", str(tmp_path / "run")]) == 2
     assert "need silu: SwiGLU" in capsys.readouterr().err

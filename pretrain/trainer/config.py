@@ -16,12 +16,12 @@ from typing import Any
 import torch
 import yaml
 
-from megatron_ext.model import ModelConfig, ParallelConfig, preset
+from megatron_ext.model import ModelConfig, ParallelConfig
+from pretrain.experiments.table import model_preset
 from megatron_ext.positions import PositionConfig
-from pretrain.engine import OptimizerSettings
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass
@@ -30,7 +30,31 @@ class DataConfig:
 
     data_path: str | None = None  # data_prep --output-prefix; shards and manifest are found from it
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
-    num_workers: int = 0
+
+
+@dataclass
+class OptimizerSettings:
+    """AdamW + warmup/cosine schedule; names follow Megatron's arguments (PosAug Table 16)."""
+
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "cosine"
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"optimizer.lr must be > 0 and 0 <= optimizer.min_lr <= lr "
+                             f"(got lr={self.lr}, min_lr={self.min_lr})")
+        if self.lr_decay_style not in ("cosine", "linear", "constant"):
+            raise ValueError(f"optimizer.lr_decay_style must be cosine, linear or constant "
+                             f"(got {self.lr_decay_style!r})")
+        if self.lr_warmup_iters < 0:
+            raise ValueError(f"optimizer.lr_warmup_iters must be >= 0 (got {self.lr_warmup_iters})")
 
 
 @dataclass
@@ -120,19 +144,14 @@ class TrainConfig:
 
     def validate(self, world_size: int) -> None:
         """Every check that needs the whole config; raises ValueError naming the fields and the fix."""
-        p = self.parallel
-        p.check_model(self.model)
-        model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
-        if world_size % model_parallel:
-            raise ValueError(f"world size {world_size} is not divisible by TP×PP×CP = {model_parallel}; "
-                             "change parallel.* or the number of processes")
-        dp = world_size // model_parallel
+        self.parallel.check_model(self.model)
+        dp = self.parallel.data_parallel_size(world_size)
         micro = self.schedule.micro_batch_size * dp
         if self.schedule.global_batch_size % micro:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
-        if p.use_distributed_optimizer and not torch.cuda.is_available():
+        if self.parallel.use_distributed_optimizer and not torch.cuda.is_available():
             raise ValueError("parallel.use_distributed_optimizer=true: Megatron's distributed-optimizer checkpoints "
                              "need Transformer Engine or Apex optimizers (GPU); on CPU set it to false")
         if self.optimizer.lr_warmup_iters >= self.train_iters():
@@ -211,7 +230,7 @@ def from_dict(raw: dict) -> TrainConfig:
         values = {name: _coerce(section, f, values[name]) for name, f in
                   ((f.name, f) for f in dataclasses.fields(cls)) if name in values}
         if section == "model" and raw.get("preset"):
-            kwargs[section] = preset(raw["preset"], **values)
+            kwargs[section] = model_preset(raw["preset"], **values)
         else:
             kwargs[section] = cls(**values)
     return TrainConfig(**kwargs)
@@ -232,16 +251,16 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> TrainCo
     return from_dict(apply_overrides(raw, overrides or []))
 
 
+def plain_fields(section: Any) -> dict:
+    """A config dataclass as a YAML/JSON-safe dict (tuples become lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(section).items()}
+
+
 def to_dict(config: TrainConfig) -> dict:
     """Plain nested dict (the resolved config; YAML-safe)."""
-    def plain(value):
-        if isinstance(value, tuple):
-            return list(value)
-        return value
-
     out: dict[str, Any] = {k: getattr(config, k) for k in TOP_LEVEL}
     for section in SECTIONS:
-        out[section] = {k: plain(v) for k, v in dataclasses.asdict(getattr(config, section)).items()}
+        out[section] = plain_fields(getattr(config, section))
     out["preset"] = None  # the model section is fully resolved already
     return out
 

@@ -316,7 +316,7 @@ def training_metadata(record: dict, train_config, rope_scaling: dict | None) -> 
                           for k, v in dataclasses.asdict(train_config.positions).items()},
             "train_seq_length": train_config.model.seq_length,
             "iteration": record.get("iteration"), "consumed_samples": record.get("consumed_samples"),
-            "exported_rope_scaling": rope_scaling, "source": "megatron-core (pretrain.hf_export)"}
+            "exported_rope_scaling": rope_scaling, "source": "megatron-core (pretrain.hf.export)"}
 
 
 # ----------------------------------------------------------------------------- export
@@ -327,7 +327,7 @@ def _ensure_single_process():
     import torch.distributed as dist
 
     from megatron_ext.model import ParallelConfig
-    from pretrain import distributed
+    from pretrain.trainer import distributed
 
     if dist.is_initialized():
         from megatron.core import parallel_state as ps
@@ -345,8 +345,8 @@ def _ensure_single_process():
 def load_checkpoint_state(checkpoint: str | Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
     """(TP=1/PP=1 state dict, TrainConfig, train_state record) of a checkpoint saved with any TP/PP."""
     from megatron_ext.model import ParallelConfig, build_model
-    from pretrain import checkpoint as ckpt
-    from pretrain import config as config_module
+    from pretrain.trainer import checkpoint as ckpt
+    from pretrain.trainer import config as config_module
 
     record = ckpt.read_train_state(checkpoint)
     train_config = config_module.from_dict(record["config"])
@@ -395,8 +395,8 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     """Write a `LlamaForCausalLM` directory (config, safetensors, generation config, tokenizer)."""
     from transformers import GenerationConfig
 
-    from pretrain import checkpoint as ckpt
-    from pretrain import config as config_module
+    from pretrain.trainer import checkpoint as ckpt
+    from pretrain.trainer import config as config_module
 
     output = Path(output)
     _check_output(output, overwrite)
@@ -565,10 +565,10 @@ def import_hf(hf_dir: str | Path, output: str | Path, *, tensor_parallel: int = 
     import torch.distributed as dist
 
     from megatron_ext.model import ParallelConfig
-    from pretrain import checkpoint as ckpt
-    from pretrain import config as config_module
-    from pretrain import distributed
-    from pretrain.engine import Engine
+    from pretrain.trainer import checkpoint as ckpt
+    from pretrain.trainer import config as config_module
+    from pretrain.trainer import distributed
+    from pretrain.trainer.engine import Engine
 
     hf_dir, output = Path(hf_dir), Path(output)
     if not (hf_dir / "config.json").is_file():

@@ -28,9 +28,10 @@ import torch
 
 from megatron_ext.model import ParallelConfig
 from megatron_ext.positions import PositionConfig, build_sampler
-from pretrain import checkpoint
-from pretrain import config as config_module
-from pretrain.engine import Engine, OptimizerSettings
+from pretrain.trainer import checkpoint
+from pretrain.trainer import config as config_module
+from pretrain.trainer.config import OptimizerSettings
+from pretrain.trainer.engine import Engine
 from pretrain.evaluation import cliff, eval_spans, load_scorer, per_position_loss
 
 W, LAYERS, STEPS, MICRO_BATCH, L_EVAL, NUM_SPANS = 32, 1, 500, 8, 128, 32
@@ -61,7 +62,7 @@ class SecondOrderChain:
 
 def train_and_save(run_dir, chain: SecondOrderChain, strategy: str, **position_kwargs) -> None:
     """Train a one-layer tiny model STEPS steps on the chain and save a Megatron checkpoint."""
-    from pretrain import distributed
+    from pretrain.trainer import distributed
 
     distributed.seed_all(7)
     positions = PositionConfig(strategy=strategy, **position_kwargs)

@@ -1,0 +1,1 @@
+"""Experiments: the sizes × methods table, shipped configs and launchers, reproduction, demo."""

@@ -1,0 +1,1 @@
+"""Hugging Face interop: weight-name map, tokenizer conversion, RoPE mapping, export, import."""

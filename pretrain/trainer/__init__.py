@@ -1,0 +1,1 @@
+"""The trainer: config, Megatron engine, data, process groups, checkpoints, the loop."""
