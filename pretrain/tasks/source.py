@@ -66,3 +66,29 @@ class TaskSource:
 def evaluation_examples(task: str, length: int, count: int, seed: int) -> list[Example]:
     """`count` examples at exactly `length`, from the 'eval/<length>' stream (disjoint keys from training)."""
     return [generate(task, length, keyed_rng(task, seed, f"eval/{length}", i)) for i in range(count)]
+
+
+def check_task_config(data, model) -> None:
+    """ValueError naming the field and the fix when data.task cannot train with this model."""
+    from .generators import TASKS, VOCAB_SIZE
+
+    if data.task not in TASKS:
+        raise ValueError(f"data.task={data.task!r} is not a task; choose one of {', '.join(TASKS)}")
+    minimum = TASKS[data.task].min_length
+    if not minimum <= data.task_min_length <= data.task_max_length:
+        raise ValueError(f"data.task_min_length / data.task_max_length must satisfy {minimum} <= min <= max "
+                         f"for {data.task} (got {data.task_min_length}, {data.task_max_length})")
+    if model.vocab_size < VOCAB_SIZE:
+        raise ValueError(f"data.task needs model.vocab_size >= {VOCAB_SIZE} (got {model.vocab_size})")
+    needed = sequence_tokens(data.task, data.task_max_length)
+    if model.seq_length < needed:
+        raise ValueError(f"data.task={data.task} up to length {data.task_max_length} needs model.seq_length >= "
+                         f"{needed} (got {model.seq_length})")
+
+
+def task_datasets(data, seq_length: int, seed: int) -> tuple[TaskSource, TaskSource]:
+    """Training stream and a held-out validation stream (other keys, same lengths) of data.task."""
+    def stream(split: str) -> TaskSource:
+        return TaskSource(data.task, data.task_min_length, data.task_max_length, seq_length, seed, split=split)
+
+    return stream("train"), stream("valid")
