@@ -277,7 +277,14 @@ def with_methods(preset: Preset, methods: list[str] | None) -> Preset:
 
 
 def main(argv: list[str]) -> int:
-    """CLI for `python -m pretrain reproduce`."""
+    """CLI for `python -m pretrain reproduce` (`--suite tasks`: the algorithmic task suite, pretrain.tasks.suite)."""
+    suite = argparse.ArgumentParser(add_help=False)
+    suite.add_argument("--suite", choices=("lm", "tasks"), default="lm")
+    chosen, rest = suite.parse_known_args(argv)
+    if chosen.suite == "tasks":
+        from pretrain.tasks.suite import main as tasks_main
+
+        return tasks_main(rest)
     parser = argparse.ArgumentParser(prog="python -m pretrain reproduce", description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="reproduce_out", help="working and report directory (resumable)")
     parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
