@@ -30,6 +30,11 @@ class DataConfig:
 
     data_path: str | None = None  # data_prep --output-prefix; shards and manifest are found from it
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
+    # An algorithmic task of pretrain.tasks (copy, reverse, sort, ...): fresh examples every step,
+    # lengths ~ U{task_min_length..task_max_length}, loss on the answer tokens only.
+    task: str | None = None
+    task_min_length: int = 1
+    task_max_length: int = 20
 
 
 @dataclass
@@ -151,13 +156,17 @@ class TrainConfig:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
-        if p.use_distributed_optimizer and not torch.cuda.is_available():
+        if self.parallel.use_distributed_optimizer and not torch.cuda.is_available():
             raise ValueError("parallel.use_distributed_optimizer=true: Megatron's distributed-optimizer checkpoints "
                              "need Transformer Engine or Apex optimizers (GPU); on CPU set it to false")
         if self.optimizer.lr_warmup_iters >= self.train_iters():
             raise ValueError(f"optimizer.lr_warmup_iters ({self.optimizer.lr_warmup_iters}) must be smaller than the "
                              f"run's {self.train_iters()} iterations; lower it, e.g. --set optimizer.lr_warmup_iters=0")
-        if not self.data.synthetic:
+        if self.data.task:
+            from pretrain.tasks.source import check_task_config
+
+            check_task_config(self.data, self.model)
+        elif not self.data.synthetic:
             if not self.data.data_path:
                 raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "
                                  "(e.g. --set data.data_path=data/owt) or set data.synthetic=true")
