@@ -30,10 +30,9 @@ TRAINING_METADATA_KEY = "posaug_training"
 
 def check_exportable(model_config: ModelConfig) -> None:
     """Refuse architectures that HF Llama cannot express exactly (ValueError naming the field)."""
-    kind = getattr(model_config, "position_embedding_type", "rope")
-    if kind != "rope":
-        raise ValueError(f"cannot export: model.position_embedding_type={kind!r}; the HF Llama export "
-                         "needs rope (Llama has no slot for other position encodings)")
+    if model_config.position_embedding_type != "rope":
+        raise ValueError(f"cannot export: model.position_embedding_type={model_config.position_embedding_type!r}; "
+                         "the HF Llama export needs rope (Llama has no other position encoding)")
     if model_config.rotary_interleaved:
         raise ValueError("cannot export: the checkpoint was trained with interleaved RoPE "
                          "(model.rotary_interleaved=true); HF Llama's rotate_half matches only "

@@ -6,6 +6,7 @@ Runtime ~60 s (two tiny in-process trainings, a tokenizer, one `python -m pretra
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,8 @@ from hf_helpers import auto_model, megatron_logits, megatron_model, sample_token
 from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
 from megatron_ext.positions import RopeScaling  # noqa: E402
 from pretrain.evaluation.scorers import MegatronScorer, RunInfo, load_scorer  # noqa: E402
-from pretrain.experiments.table import model_preset  # noqa: E402
 from pretrain.hf import scaled_positions_forward  # noqa: E402
-from pretrain.hf.export import check_exportable, export_checkpoint, export_cli  # noqa: E402
+from pretrain.hf.export import export_checkpoint, export_cli  # noqa: E402
 from pretrain.hf.importer import import_hf  # noqa: E402
 from pretrain.hf.tokenizer import TOKENIZER_FILES  # noqa: E402
 
@@ -195,8 +195,16 @@ def test_model_card_snippet_calls_the_model_at_scaled_positions(checkpoints, tmp
 # --- position encodings HF Llama cannot express
 
 
-def test_export_refuses_a_model_whose_position_embedding_is_not_rope():
-    config = model_preset("tiny")
-    config.position_embedding_type = "alibi"  # the field megatron_ext's ModelConfig is gaining
-    with pytest.raises(ValueError, match=r"position_embedding_type='alibi'.*needs rope"):
-        check_exportable(config)
+@pytest.mark.parametrize("kind", ["alibi", "none"])
+def test_export_refuses_a_model_whose_position_embedding_is_not_rope(checkpoints, tmp_path, capsys, kind):
+    run = tmp_path / "run"
+    shutil.copytree(Path(checkpoints["posaug"]).parent, run)
+    state_file = next(run.glob("iter_*/train_state.json"))
+    state = json.loads(state_file.read_text())
+    state["config"]["model"]["position_embedding_type"] = kind
+    state_file.write_text(json.dumps(state))
+    code = export_cli(["--checkpoint", str(run), "--output", str(tmp_path / "hf"), "--no-tokenizer"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"position_embedding_type={kind!r}" in err and "needs rope" in err
+    assert not (tmp_path / "hf").exists()
