@@ -51,9 +51,11 @@ class Engine:
                              per_sample_positions=per_sample_positions)
         self.config = module.config
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
+            overlap_param_gather=parallel.overlap_param_gather,
             use_distributed_optimizer=parallel.use_distributed_optimizer)
         self.model = DistributedDataParallel(self.config, ddp_config, module)
+        self.chunks = [self.model]  # this rank's model chunks, one per virtual pipeline stage
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
         self.optimizer = get_megatron_optimizer(
@@ -88,6 +90,12 @@ class Engine:
         return StepResult(loss=loss, grad_norm=float(grad_norm or 0.0),
                           lr=self.optimizer.param_groups[0]["lr"],
                           update_successful=bool(update_successful))
+
+    def sync_params(self) -> None:
+        """Finish the deferred param all-gather of overlap_param_gather (before saving weights)."""
+        if self.parallel.overlap_param_gather:
+            for chunk in self.chunks:
+                chunk.start_param_sync(force_sync=True)
 
     @torch.no_grad()
     def evaluate(self, batches: Iterator[dict], sampler: PositionSampler, num_microbatches: int,
