@@ -18,6 +18,7 @@ import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
 from pretrain.experiments.table import model_preset
+from pretrain.trainer.data import check_data_path
 from megatron_ext.positions import PositionConfig
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"
@@ -28,7 +29,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 class DataConfig:
     """Where tokens come from: a data_prep output prefix (its manifest), or synthetic tokens."""
 
-    data_path: str | None = None  # data_prep --output-prefix; shards and manifest are found from it
+    # data_prep --output-prefix (shards and manifest are found from it), or a weighted blend of
+    # several, as Megatron's --data-path: [w1, prefix1, w2, prefix2, ...]
+    data_path: str | list | None = None
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
 
 
@@ -161,10 +164,7 @@ class TrainConfig:
             if not self.data.data_path:
                 raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "
                                  "(e.g. --set data.data_path=data/owt) or set data.synthetic=true")
-            manifest = Path(f"{self.data.data_path}_manifest.json")
-            if not manifest.is_file():
-                raise ValueError(f"data.data_path={self.data.data_path!r}: no manifest at {manifest}; "
-                                 "run `python -m data_prep build --output-prefix ...` first")
+            check_data_path(self.data.data_path)
 
 
 SECTIONS = {"model": ModelConfig, "parallel": ParallelConfig, "positions": PositionConfig,
