@@ -138,7 +138,7 @@ def _tokenizer_for(args, stream: TokenStream, scorer: Scorer):
         raise ValueError(f"tokenizer {path} has {tokenizer.vocab_size} tokens but the model only "
                          f"{scorer.vocab_size}: the model was not trained with this tokenizer")
     if run_manifest is not None and not args.allow_tokenizer_mismatch:
-        expected = run_manifest.raw.get("tokenizer", {}).get("sha256")
+        expected = run_manifest.tokenizer_sha256
         for what, sha in (("evaluation data", stream.tokenizer_sha256),
                           ("--tokenizer", tokenizer.sha256 if tokenizer is not None and args.tokenizer else None)):
             if expected and sha and sha != expected:
