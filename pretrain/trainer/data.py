@@ -69,10 +69,6 @@ def parse_blend(data_path: str | list) -> list[tuple[float, str]]:
     return parts
 
 
-def _tokenizer_sha256(manifest) -> str | None:
-    return manifest.raw.get("tokenizer", {}).get("sha256")
-
-
 def check_data_path(data_path: str | list) -> None:
     """ValueError naming the fix unless every prefix of data.data_path has a manifest, all with one tokenizer."""
     from data_prep.manifest import load_manifest, manifest_path
@@ -86,8 +82,8 @@ def check_data_path(data_path: str | list) -> None:
         manifests = [(prefix, load_manifest(prefix)) for _, prefix in parts]
         first_prefix, first = manifests[0]
         for prefix, manifest in manifests[1:]:
-            if (_tokenizer_sha256(manifest), manifest.vocab_size, manifest.eod_id) != \
-                    (_tokenizer_sha256(first), first.vocab_size, first.eod_id):
+            if (manifest.tokenizer_sha256, manifest.vocab_size, manifest.eod_id) != \
+                    (first.tokenizer_sha256, first.vocab_size, first.eod_id):
                 raise ValueError(f"data.data_path: {prefix!r} was tokenized with {manifest.tokenizer_path} and "
                                  f"{first_prefix!r} with {first.tokenizer_path} (tokenizer sha256 differs); "
                                  "blend only data_prep outputs built with the same tokenizer")
