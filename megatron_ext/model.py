@@ -254,6 +254,10 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+        # Megatron-LM's own setting for interleaving (overlap_p2p_comm, no batched p2p). Batched p2p
+        # gave wrong activations with PP=2 × VP=2 on gloo, where both neighbours are the same rank.
+        overlap_p2p_comm=parallel.virtual_pipeline_model_parallel_size is not None,
+        batch_p2p_comm=parallel.virtual_pipeline_model_parallel_size is None,
         context_parallel_size=parallel.context_parallel_size,
         sequence_parallel=parallel.sequence_parallel,
         recompute_granularity=model.recompute_granularity,
@@ -300,8 +304,8 @@ def check_runtime(model: ModelConfig) -> None:
 
 def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
                 pre_process: bool = True, post_process: bool = True,
-                per_sample_positions: bool = False):
-    """A FloatPositionGPTModel (this rank's pipeline stage) for the config; parallel state must exist."""
+                per_sample_positions: bool = False, vp_stage: int | None = None):
+    """A FloatPositionGPTModel (this rank's pipeline stage, or its virtual stage vp_stage); parallel state must exist."""
     from megatron_ext.rope_hook import FloatPositionGPTModel
 
     parallel = parallel or ParallelConfig()
@@ -320,6 +324,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
         position_embedding_type="rope",
         rotary_base=int(model.rotary_base) if float(model.rotary_base).is_integer() else model.rotary_base,
+        vp_stage=vp_stage,
     )
 
 

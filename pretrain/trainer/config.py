@@ -154,6 +154,12 @@ class TrainConfig:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
+        pp = self.parallel.pipeline_model_parallel_size
+        if self.parallel.virtual_pipeline_model_parallel_size is not None and self.num_microbatches(dp) % pp:
+            # Megatron's interleaved schedule runs microbatches in groups of PP per virtual stage.
+            raise ValueError(f"parallel.virtual_pipeline_model_parallel_size needs microbatches per step "
+                             f"({self.num_microbatches(dp)} = global_batch_size / (micro_batch_size × DP)) "
+                             f"to be a multiple of parallel.pipeline_model_parallel_size ({pp})")
         if self.parallel.use_distributed_optimizer and not torch.cuda.is_available():
             raise ValueError("parallel.use_distributed_optimizer=true: Megatron's distributed-optimizer checkpoints "
                              "need Transformer Engine or Apex optimizers (GPU); on CPU set it to false")

@@ -6,11 +6,12 @@ test compares loss, gradient norm and final parameters against the plain run.
 
   --layout dp2: DP=2, variants plain / overlap_grad_reduce / distributed optimizer with and without
                 overlap_grad_reduce + overlap_param_gather.
-  --layout vp:  run with 1 rank for the reference, 2 ranks for PP=2 × VP=2 (interleaved 1F1B).
+  --layout vp:  1 rank: the reference; 2 ranks: PP=2 × VP=2 (interleaved 1F1B) from the same weights.
 """
 
 import argparse
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,36 @@ def microbatches(model, count, offset):
     return out
 
 
-def run(model, parallel, name):
+def one_process_weights(model):
+    """{global name: tensor} of the weights one process draws for this seed (PP changes the init order)."""
+    from megatron_ext.model import build_model
+
+    distributed.initialize(ParallelConfig(), SEED)
+    module = build_model(model)
+    return {name: tensor.clone() for name, tensor in module.state_dict().items() if torch.is_tensor(tensor)}
+
+
+def load_global_weights(engine, weights):
+    """Copy one-process weights into every chunk, mapping local layer indices to global ones."""
+    for chunk in engine.chunks:
+        module = chunk.module
+        local = {}
+        for name, tensor in module.state_dict().items():
+            if not torch.is_tensor(tensor):
+                continue
+            global_name = name
+            if name.startswith("decoder.layers."):
+                parts = name.split(".")
+                parts[2] = str(module.decoder.layers[int(parts[2])].layer_number - 1)
+                global_name = ".".join(parts)
+            if global_name == "output_layer.weight" and global_name not in weights:
+                global_name = "embedding.word_embeddings.weight"  # tied: the last stage's copy
+            if global_name in weights:
+                local[name] = weights[global_name]
+        module.load_state_dict(local, strict=False)
+
+
+def run(model, parallel, name, weights=None):
     """STEPS optimizer steps of `parallel`; prints loss, grad norm and a parameter checksum per step."""
     distributed.initialize(parallel, SEED)
     # Per-layer PosAug: every layer (and every pipeline chunk) must see its own row of angles.
@@ -52,6 +82,8 @@ def run(model, parallel, name):
                             rotary_dim=model.rotary_dim, rotary_base=model.rotary_base, total_steps=STEPS)
     engine = Engine(model, parallel, OptimizerSettings(lr=1e-3, min_lr=1e-3, lr_decay_style="constant",
                                                        clip_grad=0.0), train_iters=STEPS)
+    if weights is not None:
+        load_global_weights(engine, weights)
     dp_rank, dp_size = distributed.data_parallel_info()
     per_rank = GLOBAL_MICROBATCHES // dp_size
     for step in range(STEPS):
@@ -93,11 +125,11 @@ def main():
     if args.layout == "dp2":
         for name, knobs in DP_VARIANTS.items():
             run(model, ParallelConfig(**knobs), name)
-    elif dist.is_initialized() or int(__import__("os").environ["WORLD_SIZE"]) == 1:
+    elif int(os.environ["WORLD_SIZE"]) == 1:
         run(model, ParallelConfig(), "one_process")
     else:
         run(model, ParallelConfig(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
-            "pp2_vp2")
+            "pp2_vp2", weights=one_process_weights(model))
     distributed.destroy()
 
 

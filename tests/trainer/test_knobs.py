@@ -121,3 +121,24 @@ def test_overlapped_grad_reduce_and_param_gather_give_the_plain_dp2_steps():
             assert abs(got["grad_norm"] - expected["grad_norm"]) <= TOLERANCE * expected["grad_norm"], variant
             for name, value in expected["parameters"].items():
                 assert abs(got["parameters"][name] - value) <= TOLERANCE * max(1.0, value), (variant, name)
+
+
+def test_interleaved_pipeline_pp2_vp2_gives_one_process_loss_and_parameters():
+    one_process = run_torchrun(SCRIPT, 1, "--layout", "vp", timeout=300)
+    interleaved = run_torchrun(SCRIPT, 2, "--layout", "vp", timeout=300)
+    assert len(one_process) == len(interleaved) == 3
+    for got, expected in zip(interleaved, one_process):
+        assert got["variant"] == "pp2_vp2"
+        assert abs(got["loss"] - expected["loss"]) <= TOLERANCE * abs(expected["loss"])
+        assert got["parameters"].keys() == expected["parameters"].keys()
+        for name, value in expected["parameters"].items():
+            assert abs(got["parameters"][name] - value) <= TOLERANCE * max(1.0, value), name
+
+
+def test_interleaved_pipeline_needs_microbatches_in_multiples_of_the_pipeline_size():
+    config = from_dict({"preset": "tiny", "parallel": {"pipeline_model_parallel_size": 2,
+                                                       "virtual_pipeline_model_parallel_size": 2},
+                        "data": {"synthetic": True},
+                        "schedule": {"train_iters": 2, "global_batch_size": 6, "micro_batch_size": 2}})
+    with pytest.raises(ValueError, match="multiple of parallel.pipeline_model_parallel_size"):
+        config.validate(world_size=2)
