@@ -22,6 +22,9 @@ FP8_FORMATS = (None, "e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
 RECOMPUTE_METHODS = (None, "uniform", "block")
+# rope: RoPE at the sampler's positions; none: NoPE (Megatron's "none"); alibi: no RoPE, an
+# attention bias -m_h·|p_i - p_j| from the same positions (megatron_ext.alibi).
+POSITION_EMBEDDING_TYPES = ("rope", "none", "alibi")
 
 
 @dataclass
@@ -54,6 +57,7 @@ class ModelConfig:
     recompute_granularity: str | None = None  # None | full | selective
     recompute_method: str | None = None  # None | uniform | block (full only)
     recompute_num_layers: int | None = None  # layers per recompute unit (uniform) / per stage (block)
+    position_embedding_type: str = "rope"  # rope | none (NoPE) | alibi
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -73,7 +77,10 @@ class ModelConfig:
                     f"model.hidden_size ({self.hidden_size}) must be divisible by "
                     f"model.num_attention_heads ({self.num_attention_heads}), or set model.kv_channels")
             self.kv_channels = self.hidden_size // self.num_attention_heads
-        if self.kv_channels % 2:
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(f"model.position_embedding_type must be one of {POSITION_EMBEDDING_TYPES} "
+                             f"(got {self.position_embedding_type!r})")
+        if self.kv_channels % 2 and self.position_embedding_type == "rope":
             raise ValueError(f"model.kv_channels must be even for RoPE (got {self.kv_channels})")
         if self.rotary_base <= 1:
             raise ValueError(f"model.rotary_base must be > 1 (got {self.rotary_base})")
@@ -232,7 +239,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
     dtype = torch.bfloat16 if model.bf16 else torch.float32
     # TE's fused RoPE takes one frequency row per position; per-sample positions [b, s]
     # need the unfused kernel, which broadcasts [s, b, 1, d] frequencies.
-    rope_fusion = te and on_gpu and not per_sample_positions
+    rope_fusion = te and on_gpu and not per_sample_positions and model.position_embedding_type == "rope"
     if te and per_sample_positions:
         log.info("per-sample positions: using Megatron's unfused RoPE (TE fused RoPE needs [s] positions)")
     config = TransformerConfig(
@@ -313,7 +320,15 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     check_runtime(model)
     config = transformer_config(model, parallel, per_sample_positions=per_sample_positions)
     spec_kwargs = {} if model.transformer_impl == "transformer_engine" else {"normalization": "RMSNorm"}
-    spec = layer_spec_function(model)(**spec_kwargs)
+    if model.position_embedding_type == "alibi":
+        if parallel.context_parallel_size > 1:
+            raise ValueError("model.position_embedding_type=alibi does not support context parallelism; "
+                             "set parallel.context_parallel_size=1")
+        from megatron_ext.alibi_attention import alibi_layer_spec
+
+        spec = alibi_layer_spec(model.transformer_impl, **spec_kwargs)
+    else:
+        spec = layer_spec_function(model)(**spec_kwargs)
     return FloatPositionGPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -322,7 +337,8 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
-        position_embedding_type="rope",
+        position_embedding_type="rope" if model.position_embedding_type == "rope" else "none",
+        alibi=model.position_embedding_type == "alibi",
         rotary_base=int(model.rotary_base) if float(model.rotary_base).is_integer() else model.rotary_base,
         vp_stage=vp_stage,
     )

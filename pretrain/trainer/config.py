@@ -33,6 +33,11 @@ class DataConfig:
     # several, as Megatron's --data-path: [w1, prefix1, w2, prefix2, ...]
     data_path: str | list | None = None
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
+    # An algorithmic task of pretrain.tasks (copy, reverse, sort, ...): fresh examples every step,
+    # lengths ~ U{task_min_length..task_max_length}, loss on the answer tokens only.
+    task: str | None = None
+    task_min_length: int = 1
+    task_max_length: int = 20
 
 
 @dataclass
@@ -166,7 +171,11 @@ class TrainConfig:
         if self.optimizer.lr_warmup_iters >= self.train_iters():
             raise ValueError(f"optimizer.lr_warmup_iters ({self.optimizer.lr_warmup_iters}) must be smaller than the "
                              f"run's {self.train_iters()} iterations; lower it, e.g. --set optimizer.lr_warmup_iters=0")
-        if not self.data.synthetic:
+        if self.data.task:
+            from pretrain.tasks.source import check_task_config
+
+            check_task_config(self.data, self.model)
+        elif not self.data.synthetic:
             if not self.data.data_path:
                 raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "
                                  "(e.g. --set data.data_path=data/owt) or set data.synthetic=true")
