@@ -88,7 +88,14 @@ class FloatPositionGPTModel(GPTModel):
         """GPTModel.forward; position_ids may be a float tensor [s] / [b, s] or a RopePositions."""
         if self.position_embedding_type == "none":
             return self._forward_without_rope(input_ids, position_ids, attention_mask, *args, **kwargs)
-        if position_ids is None or kwargs.get("inference_context") is not None:
+        inference = kwargs.get("inference_context") or kwargs.get("inference_params")
+        if inference is not None and (isinstance(position_ids, RopePositions)
+                                      or (torch.is_tensor(position_ids) and position_ids.is_floating_point())):
+            # Megatron's KV-cache decoding builds its angles from arange; it would drop these positions.
+            raise ValueError("float RoPE positions cannot be combined with a Megatron inference_context "
+                             "(KV-cache decoding uses integer positions); decode with "
+                             "megatron_ext.generation.greedy_generate, which re-runs the sequence at these positions")
+        if position_ids is None or inference is not None:
             return super().forward(input_ids, position_ids, attention_mask, *args, **kwargs)
         rope = as_rope_positions(position_ids)
         with attention_logits_scaled(self, rope.attention_factor ** 2):

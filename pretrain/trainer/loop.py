@@ -98,6 +98,7 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                                                 eval_batches * gbs, run_dir / "data_cache")
 
     def save(iteration: int) -> None:
+        engine.sync_params()  # overlap_param_gather defers the last update's all-gather
         checkpoint.save(run_dir, iteration, engine,
                         {"config": to_dict(config), "consumed_samples": iteration * gbs},
                         keep_last=config.checkpoint.keep_last)
