@@ -64,7 +64,7 @@ if [ ! -e "/run/netns/$(ns node1)" ]; then
     ip netns del "$probe"
 fi
 
-mkdir -p "$D"/{etc,state,run,log,munge} "${NODES[@]/#/$D/spool/slurmd-}"
+mkdir -p "$D"/{etc,state,run,log,munge} "${NODES[@]/#/$D/spool/slurmd-}" "${NODES[@]/#/$D/tmp/}"
 
 # --- network: bridge + one namespace and veth pair per node -------------------------------------------
 if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
@@ -131,6 +131,10 @@ CredType=cred/munge
 AuthInfo=socket=$D/munge/munge.socket,cred_expire=10
 StateSaveLocation=$D/state
 SlurmdSpoolDir=$D/spool/slurmd-%n
+# Node-local scratch, as on a real cluster, while /tmp stays shared like a cluster file system: srun
+# --mpi=pmix creates <TmpFS>/spmix_appdir_<uid>_<job>.<step> on every node and fails when the other
+# node (or another cluster's job with the same id) already made it.
+TmpFS=$D/tmp/%n
 SlurmctldPidFile=$D/run/slurmctld.pid
 SlurmdPidFile=$D/run/slurmd-%n.pid
 SlurmctldLogFile=$D/log/slurmctld.log
