@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 SLURM = REPO / "slurm"
 TWO_NODES_DIR = os.environ.get("SLURM_TWO_NODES_DIR", "/var/lib/slurm-two-nodes")
 PY = sys.executable
-ITERS = 200
+ITERS = 100
 TINY_113M = ("model.num_layers=2 model.hidden_size=64 model.ffn_hidden_size=128 model.num_attention_heads=4 "
              "model.num_query_groups=4 model.seq_length=32 model.vocab_size=512 schedule.global_batch_size=4 "
              "schedule.micro_batch_size=1 optimizer.lr_warmup_iters=1 logging.eval_iters=1 "
@@ -113,10 +113,14 @@ def assert_same_curve(got: dict[int, float], expected: dict[int, float]) -> None
     assert worst <= TOLERANCE * max(1.0, max(map(abs, expected.values()))), f"largest loss difference {worst}"
 
 
-def train_113m(cwd: Path, options: list[str], timeout: float = 240, **env: str) -> tuple[str, Path]:
-    """Run slurm/pretrain_113m_posaug.sh (tiny) to completion; returns (its log, its run directory)."""
-    job_id = two_node_submit(SLURM / "pretrain_113m_posaug.sh", options, cwd, SYNTHETIC_DATA="1",
-                             OUTPUT_DIR=str(cwd / "runs"), OVERRIDES=TINY_113M, **env)
+def submit_113m(cwd: Path, options: list[str], overrides: str, **env: str) -> str:
+    """Submit slurm/pretrain_113m_posaug.sh, tiny and on synthetic tokens, writing under CWD/runs."""
+    return two_node_submit(SLURM / "pretrain_113m_posaug.sh", options, cwd, SYNTHETIC_DATA="1",
+                           OUTPUT_DIR=str(cwd / "runs"), OVERRIDES=f"{TINY_113M} {overrides}", **env)
+
+
+def finished_113m(job_id: str, cwd: Path, timeout: float = 420) -> tuple[str, Path]:
+    """Wait for a submit_113m job to complete; returns (its log, its run directory)."""
     job = two_node_wait(job_id, cwd, timeout)
     log = two_node_log(cwd, job_id)
     assert job["JobState"] == "COMPLETED", log[-5000:]
@@ -134,20 +138,37 @@ def two_nodes():
 
 
 @pytest.fixture(scope="module")
-def one_process_curve(two_nodes, tmp_path_factory) -> dict[int, float]:
-    """The reference: the same launcher and config as one process (1 node x 1 task)."""
-    _, run_dir = train_113m(tmp_path_factory.mktemp("one_process"), ["--nodes=1", "--ntasks-per-node=1"])
-    return two_node_loss_curve(run_dir)
+def initial_weights(two_nodes, tmp_path_factory) -> str:
+    """A checkpoint every layout starts from: PP builds its stages in another order, so its own
+    initialisation differs from one process's (tests/distributed/parallel_step.py loads weights for the same reason)."""
+    cwd = tmp_path_factory.mktemp("initial_weights")
+    _, run_dir = finished_113m(submit_113m(cwd, ["--nodes=1", "--ntasks-per-node=1"], "schedule.train_iters=1"), cwd)
+    return f"checkpoint.load={run_dir}"
+
+
+LAYOUTS = {"one_process": (["--nodes=1", "--ntasks-per-node=1"], {}), "dp_2x1": (NODES_2x1, {}),
+           "dp_1x2": (["--nodes=1", "--ntasks-per-node=2"], {}), "tp_2x1": (NODES_2x1, {"TP": "2"}),
+           "pp_2x1": (NODES_2x1, {"PP": "2"})}
 
 
 @pytest.fixture(scope="module")
-def data_parallel_2x1(two_nodes, tmp_path_factory) -> tuple[str, Path]:
-    """(log, run dir) of 2 nodes x 1 task: DP=2 across the namespaces."""
-    return train_113m(tmp_path_factory.mktemp("dp_2x1"), NODES_2x1)
+def layout_jobs(initial_weights, tmp_path_factory) -> dict[str, tuple[str, Path]]:
+    """The same training in every layout, submitted together (SLURM runs what fits side by side)."""
+    jobs = {}
+    for name, (options, env) in LAYOUTS.items():
+        cwd = tmp_path_factory.mktemp(name)
+        jobs[name] = submit_113m(cwd, options, initial_weights, **env), cwd
+    return jobs
 
 
-def test_posaug_113m_on_two_nodes_runs_one_rank_per_node_meeting_at_the_first_node(data_parallel_2x1):
-    log, run_dir = data_parallel_2x1
+@pytest.fixture(scope="module")
+def layout_run(layout_jobs):
+    """finished(name) -> (log, run dir) of one of LAYOUTS, waiting for it."""
+    return lambda name: finished_113m(*layout_jobs[name])
+
+
+def test_posaug_113m_on_two_nodes_runs_one_rank_per_node_meeting_at_the_first_node(layout_run):
+    log, run_dir = layout_run("dp_2x1")
     port = re.search(r"\n  rendezvous      env:// node1:(\d+)\n", log)
     assert port, log[-5000:]
     assert "nodes           2 (node[1-2])" in log and "TP / PP / DP    1 / 1 / 2" in log
@@ -159,41 +180,38 @@ def test_posaug_113m_on_two_nodes_runs_one_rank_per_node_meeting_at_the_first_no
     assert sorted(p.name for p in (run_dir / f"iter_{ITERS:07d}" / "rng").iterdir()) == ["rank_00000.pt", "rank_00001.pt"]
 
 
-def test_two_nodes_x_one_task_trains_the_one_process_loss_curve(data_parallel_2x1, one_process_curve):
-    assert_same_curve(two_node_loss_curve(data_parallel_2x1[1]), one_process_curve)
+def test_two_nodes_x_one_task_trains_the_one_process_loss_curve(layout_run):
+    assert_same_curve(two_node_loss_curve(layout_run("dp_2x1")[1]), two_node_loss_curve(layout_run("one_process")[1]))
 
 
-def test_one_node_x_two_tasks_trains_the_two_nodes_loss_curve(two_nodes, data_parallel_2x1, tmp_path):
-    log, run_dir = train_113m(tmp_path, ["--nodes=1", "--ntasks-per-node=2"])
+def test_one_node_x_two_tasks_trains_the_two_nodes_loss_curve(layout_run):
+    log, run_dir = layout_run("dp_1x2")
     assert "\n1: rank 1/2 (node 0 node" in log  # both ranks on one node
-    assert_same_curve(two_node_loss_curve(run_dir), two_node_loss_curve(data_parallel_2x1[1]))
+    assert_same_curve(two_node_loss_curve(run_dir), two_node_loss_curve(layout_run("dp_2x1")[1]))
 
 
-@pytest.mark.parametrize("layout", ["TP", "PP"])
-def test_model_parallel_across_the_two_nodes_trains_the_one_process_loss_curve(two_nodes, one_process_curve,
-                                                                               tmp_path, layout):
-    log, run_dir = train_113m(tmp_path, NODES_2x1, **{layout: "2"})
-    expected = {"TP": "2 / 1 / 1", "PP": "1 / 2 / 1"}[layout]
+@pytest.mark.parametrize("layout", ["tp_2x1", "pp_2x1"])
+def test_model_parallel_across_the_two_nodes_trains_the_one_process_loss_curve(layout_run, layout):
+    log, run_dir = layout_run(layout)
+    expected = {"tp_2x1": "2 / 1 / 1", "pp_2x1": "1 / 2 / 1"}[layout]
     assert f"TP / PP / DP    {expected}" in log and "\n1: rank 1/2 (node 1 node2" in log
-    assert_same_curve(two_node_loss_curve(run_dir), one_process_curve)
+    assert_same_curve(two_node_loss_curve(run_dir), two_node_loss_curve(layout_run("one_process")[1]))
 
 
 def test_usr1_on_two_nodes_saves_one_iteration_on_every_rank_requeues_and_resumes_the_same_curve(
-        two_nodes, data_parallel_2x1, tmp_path):
-    # A periodic checkpoint (iteration 20) comes before the signal, as in any long run.
-    job_id = two_node_submit(SLURM / "pretrain_113m_posaug.sh", NODES_2x1, tmp_path, SYNTHETIC_DATA="1",
-                             OUTPUT_DIR=str(tmp_path / "runs"),
-                             OVERRIDES=f"{TINY_113M} checkpoint.save_interval=20")
-    two_node_wait_for_line(job_id, tmp_path, "\n0: step 25/", 180)
+        initial_weights, layout_run, tmp_path):
+    # Periodic checkpoints come before the signal, as in any long run.
+    job_id = submit_113m(tmp_path, NODES_2x1, f"{initial_weights} checkpoint.save_interval=5")
+    two_node_wait_for_line(job_id, tmp_path, "\n0: step 10/", 300)
     signal = two_node_sh(["scancel", "--signal=USR1", "--batch", job_id], 30, env=two_node_env())
     assert signal.returncode == 0, signal.stderr
-    job = two_node_wait(job_id, tmp_path, 240)
+    job = two_node_wait(job_id, tmp_path, 300)
     log = two_node_log(tmp_path, job_id)
     assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", log[-5000:]
     saved = re.search(r"\n0: received SIGUSR1: saved iteration (\d+), exiting with 75 for requeue", log)
     assert saved, log[-5000:]
     step = int(saved.group(1))
-    assert 25 <= step < ITERS
+    assert 10 <= step < ITERS
     # Every rank stopped on the signal and wrote its share of that one iteration.
     assert "\n0: rank 0 exited with code 75" in log and "\n1: rank 1 exited with code 75" in log
     run_dir = tmp_path / "runs" / "113m_posaug_seed42"
@@ -202,15 +220,15 @@ def test_usr1_on_two_nodes_saves_one_iteration_on_every_rank_requeues_and_resume
     assert sorted(p.name for p in (saved_dir / "rng").iterdir()) == ["rank_00000.pt", "rank_00001.pt"]
     assert f"requeueing job {job_id}" in log and f"(job {job_id} restart 1) ====" in log
     assert f"\n0: resumed from iteration {step} (" in log
-    assert_same_curve(two_node_loss_curve(run_dir), two_node_loss_curve(data_parallel_2x1[1]))
+    assert_same_curve(two_node_loss_curve(run_dir), two_node_loss_curve(layout_run("dp_2x1")[1]))
 
 
 def test_a_lost_node_fails_the_step_clearly_and_the_requeued_job_resumes_from_the_last_checkpoint(
-        two_nodes, data_parallel_2x1, tmp_path):
-    job_id = two_node_submit(SLURM / "pretrain_113m_posaug.sh", [*NODES_2x1, "--requeue"], tmp_path,
-                             SYNTHETIC_DATA="1", OUTPUT_DIR=str(tmp_path / "runs"),
-                             OVERRIDES=f"{TINY_113M} checkpoint.save_interval=20")
-    two_node_wait_for_line(job_id, tmp_path, "\n0: step 45/", 180)
+        initial_weights, layout_run, tmp_path):
+    for name in LAYOUTS:  # nothing else may run on node2 when it goes
+        layout_run(name)
+    job_id = submit_113m(tmp_path, [*NODES_2x1, "--requeue"], f"{initial_weights} checkpoint.save_interval=10")
+    two_node_wait_for_line(job_id, tmp_path, "\n0: step 25/", 300)
     # node2 is lost: its slurmd, the job step and the rank on it die at once.
     pids = two_node_sh(["ip", "netns", "pids", "posaug2n-node2"], 30).stdout.split()
     assert pids
@@ -220,22 +238,22 @@ def test_a_lost_node_fails_the_step_clearly_and_the_requeued_job_resumes_from_th
                         and job.get("JobState") == "PENDING")
     log = two_node_log(tmp_path, job_id)
     assert "srun: error: Node failure on node2" in log, log[-5000:]
-    assert re.search(r"\n0: \[rank0\]: RuntimeError: .*Connection (reset|closed) by peer", log)
+    assert re.search(r"\n0: \[rank0\]: RuntimeError: .*Connection (reset|closed) by peer", log), log[-5000:]
     assert re.search(r"\[posaug-slurm\] training step exited with code [1-9]", log)
     assert job["Requeue"] == "1"
     last = int((tmp_path / "runs" / "113m_posaug_seed42" / "latest_checkpointed_iteration.txt").read_text())
-    assert last in (20, 40)
+    assert last in (10, 20)
     # The node comes back (only its slurmd is started) and the queued job runs again.
     back = two_node_sh(["bash", str(SLURM / "local" / "start_two_nodes.sh")], 120, env=two_node_env())
     assert back.returncode == 0 and "starting slurmd node2" in back.stdout, back.stdout + back.stderr
     assert "slurmd node1 already running" in back.stdout
-    job = two_node_wait(job_id, tmp_path, 240)
+    job = two_node_wait(job_id, tmp_path, 300)
     log = two_node_log(tmp_path, job_id)
     assert job["JobState"] == "COMPLETED", log[-5000:]
     assert f"(job {job_id} restart 1) ====" in log
     assert f"\n0: resumed from iteration {last} (" in log
     assert_same_curve(two_node_loss_curve(tmp_path / "runs" / "113m_posaug_seed42"),
-                      two_node_loss_curve(data_parallel_2x1[1]))
+                      two_node_loss_curve(layout_run("dp_2x1")[1]))
 
 
 def test_data_prep_with_one_mpi_rank_per_node_writes_the_one_rank_shards(two_nodes, tmp_path):
