@@ -56,13 +56,11 @@ pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 for tool in ip nsenter unshare slurmctld slurmd munged; do
     command -v "$tool" >/dev/null || die "'$tool' not found: install the packages first (make system-deps, or slurm/local/start.sh)"
 done
-if [ ! -e "/run/netns/$(ns node1)" ]; then
-    probe=posaug2n-probe-$$
-    if ! err=$(ip netns add "$probe" 2>&1); then
-        unsupported "cannot create network namespaces here (ip netns add: ${err:-failed})"
-    fi
-    ip netns del "$probe"
+probe=posaug2n-probe-$$
+if ! err=$(ip netns add "$probe" 2>&1); then
+    unsupported "cannot create network namespaces here (ip netns add: ${err:-failed})"
 fi
+ip netns del "$probe"
 
 mkdir -p "$D"/{etc,state,run,log,munge} "${NODES[@]/#/$D/spool/slurmd-}" "${NODES[@]/#/$D/tmp/}"
 
