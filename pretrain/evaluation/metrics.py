@@ -10,7 +10,6 @@ sliding window (512 in the paper).
 from __future__ import annotations
 
 import math
-import sys
 from typing import Iterable, Iterator
 
 import torch
@@ -21,12 +20,10 @@ GAIN_METHODS = ("exact", "kv_cache")
 
 
 def _batches(n: int, batch_size: int, desc: str, progress: bool) -> Iterator[tuple[int, int]]:
-    """(start, stop) over n items, with a tqdm bar on stderr when progress is on."""
-    from tqdm import tqdm
+    """(start, stop) over n items, with a progress line on stderr when progress is on."""
+    from pretrain.console import progress as progress_line
 
-    starts = range(0, n, max(1, batch_size))
-    bar = tqdm(starts, desc=desc, unit="batch", file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    for start in bar:
+    for start in progress_line(range(0, n, max(1, batch_size)), desc=desc, enabled=progress):
         yield start, min(start + batch_size, n)
 
 

@@ -111,7 +111,7 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    model_state = engine.model.module.sharded_state_dict()
+    model_state = engine.sharded_state_dict()
     state = {"model": model_state,
              "optimizer": engine.optimizer.sharded_state_dict(model_state, metadata=_optimizer_metadata(engine))}
     dist_checkpointing.save(state, str(tmp))
@@ -147,7 +147,7 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
 
     path = resolve(checkpoint)
     record = json.loads((path / "train_state.json").read_text())
-    model_state = engine.model.module.sharded_state_dict()
+    model_state = engine.sharded_state_dict()
     request = {"model": model_state}
     if load_optimizer:
         saved_with = record.get("use_distributed_optimizer", False)
@@ -158,7 +158,7 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
         request["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=True,
                                                                    metadata=_optimizer_metadata(engine))
     loaded = dist_checkpointing.load(request, str(path))
-    engine.model.module.load_state_dict(loaded["model"])
+    engine.load_state_dict(loaded["model"])
     if load_optimizer:
         engine.optimizer.load_state_dict(loaded["optimizer"])
         engine.scheduler.load_state_dict(record["scheduler"])
