@@ -22,6 +22,8 @@ from pretrain.hf.export import export_checkpoint, export_cli  # noqa: E402
 from pretrain.hf.importer import import_cli, import_hf, read_hf_weights  # noqa: E402
 from pretrain.hf.tokenizer import hf_tokenizer  # noqa: E402
 
+pytestmark = [pytest.mark.slow]  # torchrun TP=2/PP=2 saves
+
 
 @pytest.fixture(scope="module")
 def tokenizer_files(tmp_path_factory):

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # two-node SLURM cluster in network namespaces; minutes
+
 REPO = Path(__file__).resolve().parents[2]
 SLURM = REPO / "slurm"
 TWO_NODES_DIR = os.environ.get("SLURM_TWO_NODES_DIR", "/var/lib/slurm-two-nodes")

@@ -24,6 +24,7 @@ def reproduce_tasks(out: Path, *extra: str) -> subprocess.CompletedProcess:
                           timeout=1500)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
     first = reproduce_tasks(tmp_path)

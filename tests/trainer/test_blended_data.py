@@ -99,6 +99,7 @@ def test_train_cli_refuses_a_bad_blend_with_one_line_and_exit_code_2(tiny_shards
     assert proc.stderr.strip().count("\n") == 0 and "data.data_path" in proc.stderr
 
 
+@pytest.mark.slow
 def test_train_runs_on_a_blend(tiny_shards, repeated_word_shards, tmp_path):
     proc = run_train([*TINY_TRAIN, "schedule.train_iters=3", f"checkpoint.save={tmp_path / 'run'}",
                       f"data.data_path=[0.7,{tiny_shards},0.3,{repeated_word_shards}]"], timeout=300)

@@ -108,6 +108,7 @@ def test_virtual_pipeline_needs_layers_divisible_by_stages_times_chunks():
                        virtual_pipeline_model_parallel_size=4).check_model(model_preset("tiny"))
 
 
+@pytest.mark.slow
 def test_overlapped_grad_reduce_and_param_gather_give_the_plain_dp2_steps():
     records = run_torchrun(SCRIPT, 2, "--layout", "dp2", timeout=300)
     by_variant = {}
@@ -123,6 +124,7 @@ def test_overlapped_grad_reduce_and_param_gather_give_the_plain_dp2_steps():
                 assert abs(got["parameters"][name] - value) <= TOLERANCE * max(1.0, value), (variant, name)
 
 
+@pytest.mark.slow
 def test_interleaved_pipeline_pp2_vp2_gives_one_process_loss_and_parameters():
     one_process = run_torchrun(SCRIPT, 1, "--layout", "vp", timeout=300)
     interleaved = run_torchrun(SCRIPT, 2, "--layout", "vp", timeout=300)
