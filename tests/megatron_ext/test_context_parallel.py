@@ -20,6 +20,7 @@ def of_kind(records, kind):
     return [r["ranks"] for r in records if r["kind"] == kind]
 
 
+@pytest.mark.slow  # one two-rank torchrun shared by the module
 def test_cp_ranks_hold_megatrons_zigzag_chunks_that_concatenate_back_to_the_sequence(records):
     (ranks,) = of_kind(records, "slices")
     # Megatron's order: rank r holds chunks r and 2 * CP - 1 - r of the 2 * CP chunks.
@@ -32,6 +33,7 @@ def test_cp_ranks_hold_megatrons_zigzag_chunks_that_concatenate_back_to_the_sequ
     assert torch.equal(torch.cat([chunks[i] for i in range(4)], dim=1), torch.arange(S).expand(3, S))
 
 
+@pytest.mark.slow  # one two-rank torchrun shared by the module
 def test_labels_and_loss_mask_are_sliced_like_the_tokens(records):
     (ranks,) = of_kind(records, "slices")
     for record in ranks:
@@ -40,6 +42,7 @@ def test_labels_and_loss_mask_are_sliced_like_the_tokens(records):
         assert torch.equal(torch.tensor(record["loss_mask"]), tokens.float())
 
 
+@pytest.mark.slow  # one two-rank torchrun shared by the module
 def test_each_cp_rank_gets_the_angles_of_its_own_tokens_full_length_positions(records):
     angle_records = of_kind(records, "angles")
     assert {ranks[0]["strategy"] for ranks in angle_records} == {
@@ -50,6 +53,7 @@ def test_each_cp_rank_gets_the_angles_of_its_own_tokens_full_length_positions(re
             assert record["max_diff"] == 0.0, record
 
 
+@pytest.mark.slow  # one two-rank torchrun shared by the module
 def test_cp_loss_reduction_equals_the_full_sequence_masked_mean(records):
     (ranks,) = of_kind(records, "loss")
     for record in ranks:

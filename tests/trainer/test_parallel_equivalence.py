@@ -9,8 +9,6 @@ import torch
 
 from conftest import REPO, run_torchrun
 
-pytestmark = [pytest.mark.slow]  # torchrun TP/PP/DP layouts
-
 SCRIPT = "tests/distributed/parallel_step.py"
 # Absolute: strategies differ from each other by ~5e-5 in loss after 3 steps and ~2e-3 in
 # parameters; layouts agree to ~5e-7 and ~1e-7 (float32 reduction order).
