@@ -7,8 +7,7 @@ import torch
 
 from megatron_ext.generation import greedy_generate
 from megatron_ext.model import build_model
-from megatron_ext.positions import PositionConfig, RopePositions, build_sampler
-from megatron_ext.positions.scaling import HF_ROPE_TYPE
+from megatron_ext.positions import PositionConfig, RopePositions, RopeScaling, build_sampler
 from pretrain.experiments.table import model_preset
 from pretrain.hf.export import megatron_to_llama
 
@@ -45,10 +44,7 @@ def evaluation_positions(kind, factor):
 def hf_rope_scaling(kind, factor):
     if kind == "none":
         return None
-    scaling = {"rope_type": HF_ROPE_TYPE[kind], "factor": factor}
-    if kind == "yarn":
-        scaling["original_max_position_embeddings"] = CONFIG.seq_length
-    return scaling
+    return RopeScaling(kind, factor=factor, original_max_position_embeddings=CONFIG.seq_length)
 
 
 @pytest.mark.parametrize("scaling", list(SCALINGS))
