@@ -13,6 +13,10 @@ from typing import Iterator, Protocol
 import torch
 
 
+class DataError(ValueError):
+    """A data_prep build that cannot feed this run; the message names it and the fix."""
+
+
 class SampleSource(Protocol):
     """Anything indexable into GPTDataset-style samples."""
 
@@ -46,17 +50,42 @@ class SyntheticTokens:
         return {"tokens": tokens[:-1], "labels": tokens[1:], "loss_mask": torch.ones(self.seq_length)}
 
 
+def check_build(data_path: str, seq_length: int):
+    """The data_prep Manifest of `data_path`, once it holds a training sequence and every shard file it lists
+    is there with its recorded size; raises DataError naming the file and the fix."""
+    from data_prep.manifest import load_manifest, manifest_path
+
+    rebuild = f"rebuild it with `python -m data_prep build ... --output-prefix {data_path}`"
+    try:
+        manifest = load_manifest(data_path)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(f"data.data_path={data_path!r}: its manifest {manifest_path(data_path)} is unreadable "
+                        f"({type(error).__name__}: {error}); {rebuild}") from None
+    if manifest.num_tokens < seq_length + 1:
+        raise DataError(f"data.data_path={data_path!r} holds {manifest.num_tokens} training tokens, fewer than one "
+                        f"sequence (model.seq_length + 1 = {seq_length + 1}); build it from more text, or lower "
+                        "model.seq_length")
+    streams = list(zip(manifest.train_prefixes, manifest.raw.get("shards", [])))
+    if manifest.num_valid_tokens > 0:
+        streams.append((manifest.valid_prefix, manifest.raw.get("valid") or {}))
+    for prefix, record in streams:
+        for kind in ("bin", "idx"):
+            file, expected = Path(f"{prefix}.{kind}"), record.get(f"{kind}_bytes")
+            if not file.is_file():
+                raise DataError(f"data.data_path={data_path!r}: {file}, listed in its manifest, is missing; {rebuild}")
+            if expected is not None and file.stat().st_size != expected:
+                raise DataError(f"data.data_path={data_path!r}: {file} has {file.stat().st_size} bytes, its manifest "
+                                f"recorded {expected} (changed or truncated after the build); {rebuild}")
+    return manifest
+
+
 def build_datasets(data_path: str, seq_length: int, seed: int, num_train: int, num_valid: int,
                    cache_dir: Path) -> tuple[SampleSource, SampleSource | None]:
     """Megatron GPTDatasets for the train shards and the validation stream of a data_prep build."""
-    from data_prep.manifest import load_manifest
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    manifest = load_manifest(data_path)
-    if manifest.num_tokens <= seq_length:
-        raise ValueError(f"data.data_path={data_path!r} holds only {manifest.num_tokens} training tokens; "
-                         f"need more than model.seq_length={seq_length}")
+    manifest = check_build(data_path, seq_length)
     has_valid = manifest.num_valid_tokens > seq_length + 1 and num_valid > 0
     tokenizer = _TokenizerInfo(vocab_size=manifest.vocab_size, eod=manifest.eod_id, pad=manifest.eod_id,
                                unique_identifiers={"tokenizer": manifest.tokenizer_path})

@@ -17,13 +17,17 @@ import torch.distributed as dist
 from megatron_ext.positions import build_sampler
 from pretrain.trainer import checkpoint, distributed
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
-from pretrain.trainer.data import SyntheticTokens, build_datasets, step_batches
+from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches
 from pretrain.trainer.engine import Engine
 
 log = logging.getLogger("pretrain")
 
 # Dense BF16 peak per device (TFLOP/s), for the MFU estimate.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot go on (non-finite updates); the message names the step and what to change."""
 
 
 class StopSignal:
@@ -101,9 +105,12 @@ def train(config: TrainConfig) -> int:
     config.validate(world_size)  # before any process group exists
     stop = StopSignal()
     distributed.initialize(config.parallel, config.seed)
+    lock = checkpoint.RunLock(config.run_dir)
     try:
+        checkpoint.on_rank0(lock.acquire)  # before anything is written into the run directory
         return _train(config, stop)
     finally:
+        lock.release()
         distributed.destroy()
 
 
@@ -113,7 +120,10 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
     dp_rank, dp_size = distributed.data_parallel_info()
     num_microbatches = config.num_microbatches(dp_size)
     run_dir = config.run_dir
+    resume = checkpoint.on_rank0(lambda: checkpoint.plan_resume(run_dir, overwrite=config.checkpoint.overwrite))
     if rank == 0:
+        for note in resume.notes:
+            print(f"resume: {note}", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump(config))
         print(f"resolved config (saved to {run_dir / 'config.yaml'}):\n{dump(config)}", flush=True)
@@ -129,11 +139,14 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                     per_sample_positions=sampler.needs_per_sample)
 
     start = 0
-    if checkpoint.latest_iteration(run_dir) is not None:
-        record = checkpoint.load(run_dir, engine)
+    if resume.candidates:
+        path, record, notes = checkpoint.load_newest(resume, engine)
         start = record["iteration"]
+        notes += checkpoint.on_rank0(lambda: checkpoint.set_aside_newer(run_dir, start))
         if rank == 0:
-            print(f"resumed from iteration {start} ({checkpoint.resolve(run_dir)})", flush=True)
+            for note in notes:
+                print(f"resume: {note}", flush=True)
+            print(f"resumed from iteration {start} ({path})", flush=True)
     elif config.checkpoint.load:
         checkpoint.load(config.checkpoint.load, engine, load_optimizer=False)
         if rank == 0:
@@ -157,12 +170,16 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
     exit_code = 0
     window_start, window_steps = time.time(), 0
     run_start, run_start_step = time.time(), start
+    skipped_in_row = 0
     try:
         for step in range(start, total_iters):
             result = engine.train_step(step_batches(train_data, step, gbs, dp_rank, dp_size, mbs),
                                        sampler, step, num_microbatches, mbs, seq)
             window_steps += 1
             done = step + 1
+            skipped_in_row = 0 if result.update_successful else skipped_in_row + 1
+            if skipped_in_row:
+                _skipped(config, metrics, result, done, total_iters, skipped_in_row)
             if done % config.logging.log_interval == 0 or done == total_iters:
                 elapsed = time.time() - window_start
                 step_time = elapsed / window_steps
@@ -204,6 +221,27 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
     return exit_code
 
 
+def _skipped(config: TrainConfig, metrics: Metrics, result, done: int, total_iters: int, in_row: int) -> None:
+    """Report a skipped update; raise TrainingStopped after too many in a row (steps counted from 1)."""
+    limit = config.optimizer.max_consecutive_skipped_iters
+    metrics.console(f"step {done}/{total_iters}: update skipped ({in_row} of at most {limit} in a row): "
+                    f"{result.skip_reason}, loss scale {result.loss_scale:g}")
+    if in_row >= limit:
+        latest = checkpoint.latest_iteration(config.run_dir)
+        raise TrainingStopped(
+            f"stopped at step {done}/{total_iters} after {in_row} consecutive skipped updates, the last for "
+            f"{result.skip_reason} at loss scale {result.loss_scale:g}; no non-finite weights were applied or saved "
+            f"(latest checkpoint: {f'iteration {latest}' if latest is not None else 'none'} in {config.run_dir}); "
+            f"lower optimizer.lr (now {config.optimizer.lr:g}) or check the data "
+            f"(optimizer.max_consecutive_skipped_iters={limit} sets how many skipped updates are tolerated)")
+
+
+def _print_error(error: Exception) -> None:
+    """One line on stderr, from rank 0 only: every rank meets the same error (decided collectively)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {error}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain train`."""
     import argparse
@@ -229,4 +267,11 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return train(config)
+    try:
+        return train(config)
+    except (checkpoint.CheckpointError, DataError) as error:  # bad run directory or data: exit 2, as bad config
+        _print_error(error)
+        return 2
+    except (TrainingStopped, checkpoint.NonFiniteWeightsError) as error:
+        _print_error(error)
+        return 1
