@@ -35,7 +35,7 @@ from pretrain.trainer.run_dir import (LATEST, STATE, CheckpointError,  # noqa: F
                                       iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
                                       read_train_state, resolve, set_aside_newer, verify)
 
-RNG_FORMAT = 2  # 1 (unnumbered): pickled python/numpy objects, refused by weights_only loads
+RNG_FORMAT = 2  # before: random/numpy getstate() tuples (numpy arrays need Megatron's safe globals)
 log = logging.getLogger("pretrain.checkpoint")
 
 
@@ -86,9 +86,14 @@ def _set_rng_state(state: dict) -> None:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     py, np_ = state["python"], state["numpy"]
-    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss_next"]))
-    numpy.random.set_state((np_["name"], np_["keys"].numpy().astype(numpy.uint32), np_["pos"], np_["has_gauss"],
-                            np_["cached_gaussian"]))
+    if state.get("format") == RNG_FORMAT:
+        py = (py["version"], tuple(py["state"].tolist()), py["gauss_next"])
+        np_ = (np_["name"], np_["keys"].numpy().astype(numpy.uint32), np_["pos"], np_["has_gauss"],
+               np_["cached_gaussian"])
+    # else a file saved before RNG_FORMAT: the getstate() tuples themselves, which weights_only loads
+    # accept through the numpy globals megatron.core registers as safe (megatron/core/safe_globals.py)
+    random.setstate(py)
+    numpy.random.set_state(np_)
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -96,13 +101,14 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _restore_rng(rng_file: Path) -> None:
-    """Restore this rank's RNG streams; a file in the old pickled format is never unpickled."""
+    """Restore this rank's RNG streams; a file the weights_only loader refuses is never unpickled."""
     try:
         state = torch.load(rng_file, weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as refused:
         if _rank() == 0:
-            log.warning(f"{rng_file} holds pickled Python objects (the format before weights_only loads); not "
-                        "unpickling it: RNG streams continue from the seed, model and optimizer are restored")
+            reason = str(refused).split("WeightsUnpickler error: ")[-1].splitlines()[0]
+            log.warning(f"{rng_file} holds objects a weights_only load refuses ({reason}); not unpickling it: RNG "
+                        "streams continue from the seed, model and optimizer are restored")
         return
     except (OSError, RuntimeError, EOFError) as error:
         raise DamagedCheckpointError(f"{rng_file} is unreadable ({type(error).__name__}: {error})") from None

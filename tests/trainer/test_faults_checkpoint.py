@@ -151,26 +151,31 @@ def test_eval_on_a_run_whose_only_checkpoint_is_truncated_exits_2(run_dir, tmp_p
     assert "iter_0000004" in line and "__0_0.distcp" in line
 
 
-def _make_legacy(checkpoint_dir, rng_payload) -> None:
-    """Turn a checkpoint into one written before completeness records, with `rng_payload` as its RNG file."""
+def _make_legacy(checkpoint_dir, rng_state=None) -> None:
+    """Turn a checkpoint into one written before completeness records, its RNG file into `rng_state`
+    (default: the same streams in the old layout, random/numpy getstate() tuples)."""
     state = json.loads((checkpoint_dir / "train_state.json").read_text())
     del state["files"]
     (checkpoint_dir / "train_state.json").write_text(json.dumps(state))
-    torch.save(rng_payload, checkpoint_dir / "rng" / "rank_00000.pt")
+    rng_file = checkpoint_dir / "rng" / "rank_00000.pt"
+    if rng_state is None:
+        import numpy
+
+        new = torch.load(rng_file, weights_only=True)
+        py, np_ = new["python"], new["numpy"]
+        rng_state = dict(new, python=(py["version"], tuple(py["state"].tolist()), py["gauss_next"]),
+                         numpy=(np_["name"], np_["keys"].numpy().astype(numpy.uint32), np_["pos"],
+                                np_["has_gauss"], np_["cached_gaussian"]))
+        del rng_state["format"]
+    torch.save(rng_state, rng_file)
 
 
 def test_checkpoint_from_before_completeness_records_and_tensor_rng_still_resumes(run_dir):
-    import random
-
-    import numpy
-
-    # the old RNG file: pickled python/numpy state objects
-    _make_legacy(run_dir / "iter_0000004", {"python": random.getstate(), "numpy": numpy.random.get_state(),
-                                            "torch": torch.get_rng_state(), "cuda": None, "tracker": {}})
+    _make_legacy(run_dir / "iter_0000004")
     proc = train(run_dir, 6)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from iteration 4" in proc.stdout
-    assert "not unpickling it" in proc.stderr
+    assert "not unpickling it" not in proc.stderr
 
 
 class _Payload:
