@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.trainer.run_dir import (LATEST, STATE, CheckpointError,  # noqa: F401 (re-exported)
-                                      DamagedCheckpointError, Resume, RunLock, checkpoints, file_record,
+                                      DamagedCheckpointError, Resume, RunLock, any_rank, checkpoints, file_record,
                                       iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
                                       read_train_state, resolve, set_aside_newer, verify)
 
@@ -135,12 +135,9 @@ def _optimizer_metadata(engine) -> dict:
 
 def weights_finite(model: torch.nn.Module) -> bool:
     """Collective: True when no rank's parameters hold NaN or inf."""
-    local = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all() \
-        if any(True for _ in model.parameters()) else torch.tensor(True)
-    flag = torch.tensor([0.0 if bool(local) else 1.0])
-    if dist.is_initialized():
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() == 0.0
+    checks = [torch.isfinite(p).all() for p in model.parameters()]
+    local = bool(torch.stack(checks).all()) if checks else True  # one device sync, not one per tensor
+    return not any_rank(not local)
 
 
 def _files_record(tmp: Path) -> dict:
@@ -251,10 +248,7 @@ def load_newest(resume: Resume, engine) -> tuple[Path, dict, list[str]]:
             record, error = load(path, engine), None
         except DamagedCheckpointError as damaged:
             record, error = None, str(damaged)
-        failed = torch.tensor([0.0 if error is None else 1.0])
-        if dist.is_initialized():
-            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if failed.item() == 0.0:
+        if not any_rank(error is not None):
             return path, record, notes
         notes.append(f"skipping {path}: {error or 'another rank could not read it'}")
     raise CheckpointError(f"no checkpoint in {resume.candidates[0].parent} loads ({'; '.join(notes)}); if the "

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
 from pretrain.trainer.config import OptimizerSettings
+from pretrain.trainer.run_dir import any_rank
 
 
 @dataclass
@@ -175,6 +176,4 @@ def _grads_finite(model) -> bool:
     checks = [torch.isfinite(p.main_grad).all() for p in model.parameters()
               if p.requires_grad and getattr(p, "main_grad", None) is not None]
     local = bool(torch.stack(checks).all()) if checks else True  # one device sync, not one per tensor
-    flag = torch.tensor([0.0 if local else 1.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() == 0.0
+    return not any_rank(not local)

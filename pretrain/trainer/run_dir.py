@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
 
+import torch
 import torch.distributed as dist
 
 LATEST = "latest_checkpointed_iteration.txt"
@@ -49,6 +50,15 @@ def iteration_dir(run_dir: Path, iteration: int) -> Path:
 def rank() -> int:
     """This process's rank (0 without a process group)."""
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def any_rank(flag: bool) -> bool:
+    """Collective: True on every rank when `flag` is True on any (a no-op without a process group)."""
+    # NCCL reduces only GPU tensors; gloo (CPU runs) only CPU ones
+    value = torch.tensor([1.0 if flag else 0.0], device="cuda" if torch.cuda.is_available() else "cpu")
+    if dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
