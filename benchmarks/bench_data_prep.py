@@ -149,6 +149,19 @@ def count_tokens(prefix: str) -> int:
     return int(ds.sequence_lengths.sum())
 
 
+def report_identical_ids(ours_prefix: str, megatron_prefix: str) -> None:
+    """Print whether data_prep (--normalize none, the JSONL default) wrote byte-identical shards to Megatron-LM's.
+
+    With one shard and no validation split data_prep keeps corpus order, so equal .bin files mean
+    equal token ids document by document, and equal .idx files mean equal document boundaries.
+    """
+    from data_prep.checksums import sha256_file
+
+    same = {ext: sha256_file(f"{ours_prefix}.{ext}") == sha256_file(f"{megatron_prefix}.{ext}") for ext in ("bin", "idx")}
+    print(f"token ids identical to Megatron-LM's preprocess_data.py: .bin {'yes' if same['bin'] else 'NO'}, "
+          f".idx {'yes' if same['idx'] else 'NO'}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--megatron-lm", default=os.environ.get("MEGATRON_LM_PATH"),
@@ -241,6 +254,8 @@ def main() -> int:
               "reporting data_prep only. Anchor measured elsewhere: 290K tokens/s, 0.95 MB/s, 450 MB peak RSS "
               "(37.9 MB JSONL, 2 workers).")
     elif megatron("megatron_lm", corpus):
+        report_identical_ids(os.path.join(work, "data_prep", "out_00000_text_document"),
+                             os.path.join(work, "megatron_lm", "out_text_document"))
         ours("data_prep_again", corpus)  # interleaved: data_prep before and after Megatron-LM
         if args.scale > 1:
             # Start-up (imports, pools) is paid once per build; on a corpus K times larger it is amortised,

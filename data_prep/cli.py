@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Optional
 
-from data_prep.readers import FORMATS
+from data_prep.errors import one_line
+from data_prep.units import FORMATS, NORMALIZE_RULES
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -26,6 +27,10 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=int, default=1, help="worker processes on this machine (per MPI rank)")
     b.add_argument("--jsonl-key", default="text", help="JSON key (or parquet/arrow column) holding the text")
     b.add_argument("--format", dest="fmt", default="auto", choices=FORMATS)
+    b.add_argument("--normalize", default="auto", choices=NORMALIZE_RULES,
+                   help="text cleanup before tokenising: none = text as stored (token ids identical to Megatron-LM's "
+                        "preprocess_data.py), owt = the HF openwebtext loader's rule (collapse 3+ newlines to 2, "
+                        "strip the ends); auto (default) = owt for OpenWebText archives, none for everything else")
     b.add_argument("--no-append-eod", dest="append_eod", action="store_false", help="do not end documents with EOD")
     b.add_argument("--eod-token", default=None, help="end-of-document token (default: found in the tokenizer)")
     b.add_argument("--strict", action="store_true", help="fail on the first bad document instead of skipping it")
@@ -85,7 +90,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"wrote {n} documents, {size} bytes to {args.output}", file=sys.stderr)
             return 0
     except (OSError, ValueError, RuntimeError) as e:
-        print(f"data_prep {args.command}: error: {e}", file=sys.stderr)
+        print(f"data_prep {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     return 2
 

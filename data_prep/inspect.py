@@ -27,8 +27,9 @@ def _prefixes(prefix: str) -> tuple[list[str], Optional[dict]]:
 
 def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 200) -> int:
     """Print a report; returns the number of problems found (0 = all shards consistent)."""
+    from data_prep.checksums import matches_checksums
     from data_prep.tokenizers import load_tokenizer
-    from data_prep.writer import check_pair, matches_checksums, megatron_indexed
+    from data_prep.writer import check_pair, megatron_indexed
 
     IndexedDataset = megatron_indexed().IndexedDataset
 

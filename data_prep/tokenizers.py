@@ -7,23 +7,16 @@ The returned object also satisfies what Megatron-Core's GPTDataset reads from a 
 from __future__ import annotations
 
 import abc
-import hashlib
+import json
 import os
 from typing import Optional, Sequence
+
+from data_prep.checksums import sha256_files
+from data_prep.errors import one_line
 
 # Names tried, in order, for the end-of-document and padding tokens.
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<eod>", "[SEP]")
 PAD_CANDIDATES = ("<|padding|>", "<pad>", "[PAD]", "<|pad|>")
-
-
-def file_sha256(paths: Sequence[str]) -> str:
-    """SHA-256 over the bytes of the given files, in order."""
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 class Tokenizer(abc.ABC):
@@ -52,7 +45,7 @@ class Tokenizer(abc.ABC):
     def sha256(self) -> str:
         """Hash of the tokenizer file(s), recorded in the manifest."""
         if not hasattr(self, "_sha"):
-            self._sha = file_sha256(self.files)
+            self._sha = sha256_files(self.files)
         return self._sha
 
     @property
@@ -114,7 +107,11 @@ class SentencePieceTokenizer(Tokenizer):
         import sentencepiece as spm
 
         self.path, self.files = path, [path]
-        self._sp = spm.SentencePieceProcessor(model_file=path)
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=path)
+        except (RuntimeError, OSError) as e:
+            raise ValueError(f"{path}: not a readable SentencePiece model ({one_line(str(e))}); fix: pass the "
+                             ".model file written by spm_train or `data_prep train-tokenizer`") from None
         self.vocab_size = self._sp.get_piece_size()
 
         def lookup(tok: str) -> Optional[int]:
@@ -178,7 +175,12 @@ def load_tokenizer(path: str, eod_token: Optional[str] = None) -> Tokenizer:
     if path.endswith(".json"):
         from tokenizers import Tokenizer as RustTokenizer
 
-        return HFTokenizer(RustTokenizer.from_file(path), "hf", path, [path], eod_token)
+        try:
+            rust = RustTokenizer.from_file(path)
+        except Exception as e:  # the Rust side raises a bare Exception for every parse error
+            raise ValueError(f"{path}: malformed tokenizer.json ({one_line(str(e))}); fix: re-save it with "
+                             "tokenizers' Tokenizer.save() or transformers' save_pretrained()") from None
+        return HFTokenizer(rust, "hf", path, [path], eod_token)
     if path.endswith(".model"):
         return SentencePieceTokenizer(path, eod_token)
     raise ValueError(f"{path}: unrecognised tokenizer file (want tokenizer.json, vocab.json+merges.txt or .model)")
@@ -188,7 +190,21 @@ def _load_gpt2_bpe(path: str, vocab: str, merges: str, eod_token: Optional[str])
     """GPT-2 byte-level BPE, identical in output to GPT-2's own (and Megatron's GPT2BPETokenizer)."""
     from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
 
-    tok = RustTokenizer(models.BPE.from_file(vocab, merges))
+    try:
+        with open(vocab, encoding="utf-8") as fh:
+            if not isinstance(json.load(fh), dict):
+                raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{vocab}: malformed vocab.json ({one_line(str(e))}); fix: it must be a JSON object "
+                         "mapping each token to its id, as GPT-2's vocab.json or tokenizers' model.save() write it"
+                         ) from None
+    try:
+        bpe = models.BPE.from_file(vocab, merges)
+    except Exception as e:  # the Rust side raises a bare Exception for every parse error
+        raise ValueError(f"{merges}: malformed merges file ({one_line(str(e))}); fix: after the '#version' line "
+                         f"every line must be two space-separated tokens of {os.path.basename(vocab)}, as GPT-2's "
+                         "merges.txt or tokenizers' model.save() write it") from None
+    tok = RustTokenizer(bpe)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     # <|endoftext|> stays an ordinary vocab entry, as in GPT-2: a literal one in text is not an EOD.
@@ -226,8 +242,6 @@ def _tiktoken_gpt2(vocab: str, merges: str):
     merge-list BPE can never output them either. tiktoken encodes ~6x faster (no offsets, no
     per-piece allocations). Set DATA_PREP_TOKENIZER_BACKEND=tokenizers to disable.
     """
-    import json
-
     choice = os.environ.get(BACKEND_ENV, "auto").lower()
     if choice in ("tokenizers", "hf"):
         return None

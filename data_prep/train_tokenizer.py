@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from data_prep.readers import iter_unit, plan_units
+from data_prep.readers import iter_unit
+from data_prep.units import plan_units
 
 KINDS = ("sentencepiece-bpe", "sentencepiece-unigram", "bytelevel-bpe")
 

@@ -1,16 +1,17 @@
-"""Shard writing through Megatron-Core's own IndexedDatasetBuilder, plus checksums and .idx/.bin checks.
+"""Shard writing through Megatron-Core's own IndexedDatasetBuilder, and .idx/.bin consistency checks.
 
 Megatron is imported inside functions only, so reading and tokenising stay a light install.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from typing import Callable, Iterable
 
 import numpy as np
+
+from data_prep.errors import naming_output
 
 # Megatron's DType.optimal_dtype rule (cardinality < 65500 -> uint16, else int32); repeated here
 # so tokenising workers need not import megatron/torch. A test checks it matches Megatron's.
@@ -59,35 +60,6 @@ def token_dtype(vocab_size: int) -> type:
     return np.uint16 if vocab_size < UINT16_MAX_VOCAB else np.int32
 
 
-def sha256_file(path: str) -> str:
-    """SHA-256 of one file, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(4 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def checksums(prefix: str) -> dict:
-    """Sizes and SHA-256 of a `.bin/.idx` pair."""
-    return {
-        "bin_bytes": os.path.getsize(prefix + ".bin"),
-        "idx_bytes": os.path.getsize(prefix + ".idx"),
-        "bin_sha256": sha256_file(prefix + ".bin"),
-        "idx_sha256": sha256_file(prefix + ".idx"),
-    }
-
-
-def matches_checksums(prefix: str, rec: dict) -> bool:
-    """True if the pair on disk has exactly the sizes and hashes recorded in `rec`."""
-    try:
-        if os.path.getsize(prefix + ".bin") != rec["bin_bytes"] or os.path.getsize(prefix + ".idx") != rec["idx_bytes"]:
-            return False
-        return checksums(prefix) == {k: rec[k] for k in ("bin_bytes", "idx_bytes", "bin_sha256", "idx_sha256")}
-    except (OSError, KeyError, TypeError):
-        return False
-
-
 def write_indexed(prefix: str, docs: Iterable[np.ndarray], dtype: type) -> tuple[int, int]:
     """Write documents (one token array each) as `prefix.bin/.idx`; returns (documents, tokens).
 
@@ -96,13 +68,15 @@ def write_indexed(prefix: str, docs: Iterable[np.ndarray], dtype: type) -> tuple
     """
     IndexedDatasetBuilder = megatron_indexed().IndexedDatasetBuilder
     tmp_bin, tmp_idx = prefix + ".bin.partial", prefix + ".idx.partial"
-    builder = IndexedDatasetBuilder(tmp_bin, dtype=dtype)
     n_docs = n_tok = 0
-    for arr in docs:
-        builder.add_document(arr, [int(arr.size)])
-        n_docs += 1
-        n_tok += int(arr.size)
-    builder.finalize(tmp_idx)
+    # finalize() flushes the .bin's last buffer too, so a full disk there is still about the .bin.
+    with naming_output(prefix + ".bin"):
+        builder = IndexedDatasetBuilder(tmp_bin, dtype=dtype)
+        for arr in docs:
+            builder.add_document(arr, [int(arr.size)])
+            n_docs += 1
+            n_tok += int(arr.size)
+        builder.finalize(tmp_idx)
     os.replace(tmp_bin, prefix + ".bin")
     os.replace(tmp_idx, prefix + ".idx")
     return n_docs, n_tok

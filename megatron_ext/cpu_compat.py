@@ -3,7 +3,10 @@
 Megatron-Core assumes CUDA throughout. On a machine without CUDA, `apply()` installs seven
 small patches; each names the Megatron call site it serves. With CUDA available, `apply()`
 does nothing, so cluster runs use Megatron exactly as shipped. No other module of this
-project patches Megatron.
+project patches Megatron: `rope_hook.py` subclasses GPTModel (overriding its private
+`_preprocess`) and scales `softmax_scale` for the duration of a call, and
+`pretrain/evaluation/scorers.py` reads attention internals; each lists those reaches in a
+comment block at its top.
 
 Call `apply()` before building models or process groups (and `install_import_shims()`
 before the first `import megatron.core`, which `apply()` does for you).

@@ -130,6 +130,15 @@ class ParallelConfig:
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             self.sequence_parallel = False  # Megatron disables it for TP=1 too
 
+    def data_parallel_size(self, world_size: int) -> int:
+        """DP = world / (TP × PP × CP); ValueError when the world does not divide."""
+        model_parallel = (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+                          * self.context_parallel_size)
+        if world_size % model_parallel:
+            raise ValueError(f"world size {world_size} is not divisible by TP×PP×CP = {model_parallel}; "
+                             "change parallel.* or the number of processes")
+        return world_size // model_parallel
+
     def check_model(self, model: ModelConfig) -> None:
         """Clear errors for layouts Megatron would reject later (and less clearly)."""
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size

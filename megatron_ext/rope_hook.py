@@ -18,6 +18,15 @@ positions to every stage for a given microbatch.
 
 from __future__ import annotations
 
+# Reaches into Megatron-Core internals (checked against megatron-core 0.16.1 and 0.19.2):
+# - GPTModel._preprocess (private, overridden): the only place where rotary angles are built
+#   between the embedding and the decoder; overriding it keeps GPTModel.forward stock.
+# - RotaryEmbedding.inv_freq, .rotary_interleaved, .seq_len_interpolation_factor, .cp_group
+#   (attributes of self.rotary_pos_emb): the model's own frequencies and settings, so float
+#   positions use exactly what arange positions would.
+# - DotProductAttention / TEDotProductAttention .softmax_scale (attention_logits_scaled): the
+#   one scalar both attention backends multiply the logits by; YaRN's factor goes there.
+
 import contextlib
 from typing import Iterator
 

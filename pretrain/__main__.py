@@ -1,4 +1,4 @@
-"""`python -m pretrain <command>`: train, eval, export-hf, import-hf, demo, reproduce."""
+"""`python -m pretrain <command>`: train, eval, runs, export-hf, import-hf, demo, reproduce, selfcheck."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ COMMANDS = {
     "export-hf": ("pretrain.hf.export", "export_cli", "checkpoint -> Hugging Face Llama directory"),
     "import-hf": ("pretrain.hf.export", "import_cli", "Hugging Face Llama directory -> checkpoint"),
     "reproduce": ("pretrain.experiments.reproduce", "main", "paper-style comparison at CPU scale"),
+    "runs": ("pretrain.experiments.runs", "main", "list runs under a directory: size, method, seed, state"),
+    "selfcheck": ("pretrain.selfcheck", "main", "first-contact check: versions, devices, a tiny training, GPU paths"),
 }
 
 
@@ -23,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     module_name, function, _ = COMMANDS[argv[0]]
     import importlib
+
+    from pretrain.console import quiet_known_warnings
+
+    quiet_known_warnings()  # before Megatron is imported: its warnings fire at import time
 
     return getattr(importlib.import_module(module_name), function)(argv[1:])
 

@@ -1,4 +1,4 @@
-"""`python -m pretrain eval run|report ...` and the `evaluate` API behind it."""
+"""`python -m pretrain eval run|all|report ...` and the `evaluate` API behind it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans: int, *,
-             batch_size: int | None = None, in_start: int | None = None, gain_contexts: list[int] | None = None,
+             batch_size: int | None = None, max_batch_tokens: int = metrics.MAX_BATCH_TOKENS,
+             in_start: int | None = None, gain_contexts: list[int] | None = None,
              gain_window: int = 512, gain_method: str = "exact", kv_chunk: int | None = None,
              passkey_lengths: list[int] | None = None, passkey_n: int = 100, ruler_lengths: list[int] | None = None,
              ruler_n: int = 50, tokenizer=None, entropy_spans: int = 0, label: str | None = None,
@@ -41,7 +42,8 @@ def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans:
     w = info.train_window
     for length in lengths:
         spans = eval_spans(stream, num_spans, length)
-        losses = metrics.per_position_loss(scorer, spans, batch_size=batch_size, progress=progress)
+        losses = metrics.per_position_loss(scorer, spans, batch_size=batch_size,
+                                           max_batch_tokens=max_batch_tokens, progress=progress)
         curve = losses.double().mean(0)
         entry = {"loss": curve.mean().item(), "curve": [round(v, 6) for v in curve.tolist()]}
         if length > w + 1:
@@ -51,7 +53,7 @@ def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans:
         spans = eval_spans(stream, num_spans, max(gain_contexts))
         record["context_gain"] = metrics.context_gain(
             scorer, spans, gain_contexts, window=gain_window, method=gain_method, chunk=kv_chunk,
-            batch_size=batch_size, progress=progress)
+            batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress)
     if entropy_spans:
         length = max(lengths)
         record["entropy"] = dict(metrics.attention_entropy_ratio(
@@ -91,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="inference-time RoPE transform on top of the run's evaluation positions")
     run.add_argument("--factor", type=float, help="rope scaling factor (default: L_eval / w)")
     run.add_argument("--batch-size", type=int, help="spans per forward pass (default: from --max-batch-tokens)")
-    run.add_argument("--max-batch-tokens", type=int, default=16384, help="token budget per forward pass")
+    run.add_argument("--max-batch-tokens", type=int, default=metrics.MAX_BATCH_TOKENS, help="token budget per forward pass")
     run.add_argument("--in-start", type=int, help="first in-distribution position of the cliff (default 64)")
     run.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
     run.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
@@ -114,10 +116,26 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="eval_results", help="directory for the JSON record")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
 
+    every = sub.add_parser("all", help="evaluate every finished run under a directory not evaluated yet")
+    every.add_argument("directory", help="directory of run directories (e.g. a grid of sizes × methods × seeds)")
+    every.add_argument("--lengths", type=_ints, default=None, help="L_eval values (default: 8 × each run's window)")
+    every.add_argument("--data", help="evaluation data for every run (default: each run's data.data_path)")
+    every.add_argument("--num-spans", type=int, default=20, help="spans per length (paper: 20)")
+    every.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
+    every.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
+    every.add_argument("--gain-method", choices=metrics.GAIN_METHODS, default="exact")
+    every.add_argument("--backend", choices=BACKENDS, default="hf")
+    every.add_argument("--max-batch-tokens", type=int, default=metrics.MAX_BATCH_TOKENS,
+                       help="token budget per forward pass")
+    every.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    every.add_argument("--out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
+    every.add_argument("--no-progress", action="store_true", help="no progress lines")
+
     rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
     rep.add_argument("records", nargs="+", help="record JSON files or directories of them")
     rep.add_argument("--out", default="eval_report", help="output directory")
-    rep.add_argument("--baseline", help="label of the baseline run (adds in-distribution penalty)")
+    rep.add_argument("--baseline", help="method or label of the baseline; every size is compared with its own "
+                     "(default: 'baseline' when such runs exist)")
     rep.add_argument("--length", type=int, help="L_eval for the loss-curve and cliff-vs-size plots (default: largest)")
     return parser
 
@@ -136,7 +154,7 @@ def _tokenizer_for(args, stream: TokenStream, scorer: Scorer):
         raise ValueError(f"tokenizer {path} has {tokenizer.vocab_size} tokens but the model only "
                          f"{scorer.vocab_size}: the model was not trained with this tokenizer")
     if run_manifest is not None and not args.allow_tokenizer_mismatch:
-        expected = run_manifest.raw.get("tokenizer", {}).get("sha256")
+        expected = run_manifest.tokenizer_sha256
         for what, sha in (("evaluation data", stream.tokenizer_sha256),
                           ("--tokenizer", tokenizer.sha256 if tokenizer is not None and args.tokenizer else None)):
             if expected and sha and sha != expected:
@@ -172,7 +190,7 @@ def _run(args) -> int:
     batch_size = args.batch_size
     record = evaluate(
         scorer, stream, args.lengths, args.num_spans,
-        batch_size=batch_size, in_start=args.in_start, gain_contexts=args.context_gain,
+        batch_size=batch_size, max_batch_tokens=args.max_batch_tokens, in_start=args.in_start, gain_contexts=args.context_gain,
         gain_window=args.gain_window, gain_method=args.gain_method, kv_chunk=args.kv_chunk,
         passkey_lengths=args.passkey_lengths, passkey_n=args.passkey_n, ruler_lengths=args.ruler_lengths,
         ruler_n=args.ruler_n, tokenizer=tokenizer, entropy_spans=args.entropy_spans, label=args.label,
@@ -200,27 +218,41 @@ def _run(args) -> int:
 
 def _report(args) -> int:
     records = report.load_records(args.records)
-    rows = report.aggregate(records, baseline=args.baseline)
+    baseline = args.baseline
+    if baseline is None and any("baseline" in (report.record_method(r), r.get("label")) for r in records):
+        baseline = "baseline"
+    rows = report.aggregate(records, baseline=baseline)
     out = Path(args.out)
     report.write_csv(rows, out / "summary.csv")
-    (out / "summary.md").write_text(report.markdown_table(rows))
+    table = report.size_table(rows, args.length)
+    (out / "summary.md").write_text(report.markdown_table(rows) + "\n" + table)
     report.plot_loss_curves(records, out / "loss_curves.png", length=args.length)
     if any(r.get("context_gain") for r in records):
         report.plot_context_gain(records, out / "context_gain.png")
     report.plot_cliff_vs_size(records, out / "cliff_vs_size.png", length=args.length)
-    print(report.markdown_table(rows), end="")
-    print(f"wrote {out}/summary.csv, summary.md and plots")
+    print(table, end="")
+    print(f"wrote {out}/summary.csv, summary.md (all metrics) and plots"
+          + (f"; each size compared with its own {baseline!r}" if baseline else ""))
     return 0
 
 
 def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
     argv = list(argv)
-    if argv and argv[0] not in ("run", "report", "-h", "--help"):
+    if argv and argv[0] not in ("run", "all", "report", "-h", "--help"):
         argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if args.command == "all":
+            from .all_runs import evaluate_all
+
+            outcome = evaluate_all(args.directory, lengths=args.lengths, data=args.data, num_spans=args.num_spans,
+                                   out=args.out, backend=args.backend, device=args.device,
+                                   context_gain=args.context_gain, gain_window=args.gain_window,
+                                   gain_method=args.gain_method, max_batch_tokens=args.max_batch_tokens,
+                                   progress=not args.no_progress)
+            return 1 if outcome["failed"] else 0
         return _run(args) if args.command == "run" else _report(args)
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)

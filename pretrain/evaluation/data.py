@@ -73,9 +73,8 @@ def load_stream(source: str, tokenizer_path: str | None = None, *, text_key: str
         if not os.path.isfile(manifest.valid_prefix + ".bin"):
             raise FileNotFoundError(f"{source}: manifest names validation shard {manifest.valid_prefix}.bin, "
                                     "which does not exist")
-        tok = manifest.raw.get("tokenizer", {})
         return TokenStream(_indexed_tokens(manifest.valid_prefix, max_tokens), source,
-                           tokenizer_path=manifest.tokenizer_path, tokenizer_sha256=tok.get("sha256"),
+                           tokenizer_path=manifest.tokenizer_path, tokenizer_sha256=manifest.tokenizer_sha256,
                            vocab_size=manifest.vocab_size)
     if os.path.isfile(source + ".idx") and os.path.isfile(source + ".bin"):
         return TokenStream(_indexed_tokens(source, max_tokens), source)

@@ -10,7 +10,6 @@ sliding window (512 in the paper).
 from __future__ import annotations
 
 import math
-import sys
 from typing import Iterable, Iterator
 
 import torch
@@ -21,25 +20,27 @@ GAIN_METHODS = ("exact", "kv_cache")
 
 
 def _batches(n: int, batch_size: int, desc: str, progress: bool) -> Iterator[tuple[int, int]]:
-    """(start, stop) over n items, with a tqdm bar on stderr when progress is on."""
-    from tqdm import tqdm
+    """(start, stop) over n items, with a progress line on stderr when progress is on."""
+    from pretrain.console import progress as progress_line
 
-    starts = range(0, n, max(1, batch_size))
-    bar = tqdm(starts, desc=desc, unit="batch", file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    for start in bar:
+    for start in progress_line(range(0, n, max(1, batch_size)), desc=desc, enabled=progress):
         yield start, min(start + batch_size, n)
 
 
-def auto_batch_size(length: int, max_batch_tokens: int = 16384) -> int:
+MAX_BATCH_TOKENS = 16384  # default token budget of one forward pass (batch × length)
+
+
+def auto_batch_size(length: int, max_batch_tokens: int = MAX_BATCH_TOKENS) -> int:
     """Spans per forward pass so that batch × length stays within the token budget."""
     return max(1, max_batch_tokens // max(1, length))
 
 
 def per_position_loss(scorer: Scorer, spans: torch.Tensor, *, batch_size: int | None = None,
+                      max_batch_tokens: int = MAX_BATCH_TOKENS,
                       progress: bool = False) -> torch.Tensor:
     """Loss [n, L-1] from one full-context causal pass per span at the scorer's evaluation positions."""
     n, length = spans.shape
-    batch_size = batch_size or auto_batch_size(length)
+    batch_size = batch_size or auto_batch_size(length, max_batch_tokens)
     rope = scorer.eval_positions(length)
     out = [scorer.token_losses(spans[a:b], rope).cpu() for a, b in _batches(n, batch_size, "spans", progress)]
     return torch.cat(out)
@@ -54,21 +55,41 @@ def default_in_start(window: int) -> int:
     return 64 if window > 64 else max(1, window // 2)
 
 
-def cliff(losses: torch.Tensor, window: int, *, in_start: int | None = None,
-          ood_end: int | None = None) -> dict[str, float]:
-    """{'in_dist', 'ood', 'cliff'}: mean loss at targets t in (w, ood_end) minus t in [in_start, w]."""
-    curve = _mean_curve(losses)  # index i holds target position t = i + 1
+def span_cliffs(losses: torch.Tensor, window: int, *, in_start: int | None = None,
+                ood_end: int | None = None) -> dict[str, torch.Tensor]:
+    """Per span: mean loss at targets t in [in_start, w] ('in_dist') and in (w, ood_end) ('ood'), float64 [n]."""
+    losses = losses.double()[None] if losses.dim() == 1 else losses.double()  # index i = target t = i + 1
     in_start = default_in_start(window) if in_start is None else in_start
-    length = curve.numel() + 1
+    length = losses.shape[1] + 1
     ood_end = length if ood_end is None else min(ood_end, length)
     if not 1 <= in_start <= window:
         raise ValueError(f"in_start must be in [1, w={window}] (got {in_start})")
     if ood_end <= window + 1:
         raise ValueError(f"the cliff needs evaluation spans longer than w + 1 = {window + 1} tokens "
                          f"(got {length}); raise --lengths")
-    in_dist = curve[in_start - 1:window].mean().item()
-    ood = curve[window:ood_end - 1].mean().item()
+    return {"in_dist": losses[:, in_start - 1:window].mean(1), "ood": losses[:, window:ood_end - 1].mean(1)}
+
+
+def cliff(losses: torch.Tensor, window: int, *, in_start: int | None = None,
+          ood_end: int | None = None) -> dict[str, float]:
+    """{'in_dist', 'ood', 'cliff'}: mean loss at targets t in (w, ood_end) minus t in [in_start, w]."""
+    in_start = default_in_start(window) if in_start is None else in_start
+    # every span has the same targets, so the mean of span means is the mean curve's mean
+    spans = span_cliffs(losses, window, in_start=in_start, ood_end=ood_end)
+    in_dist, ood = spans["in_dist"].mean().item(), spans["ood"].mean().item()
     return {"in_dist": in_dist, "ood": ood, "cliff": ood - in_dist, "in_start": in_start, "window": window}
+
+
+def standard_error(values: torch.Tensor) -> float:
+    """Standard error of the mean of `values` (sample std / sqrt(n)); NaN for fewer than two."""
+    values = torch.as_tensor(values, dtype=torch.float64)
+    return (values.std() / math.sqrt(values.numel())).item() if values.numel() > 1 else math.nan
+
+
+def paired_reduction(baseline_cliffs: torch.Tensor, cliffs: torch.Tensor) -> tuple[float, float]:
+    """(mean, standard error) of baseline minus method cliff, paired span by span (same tokens)."""
+    difference = torch.as_tensor(baseline_cliffs, dtype=torch.float64) - torch.as_tensor(cliffs, dtype=torch.float64)
+    return difference.mean().item(), standard_error(difference)
 
 
 def in_distribution_penalty(in_dist: float, baseline_in_dist: float) -> float:
@@ -78,6 +99,7 @@ def in_distribution_penalty(in_dist: float, baseline_in_dist: float) -> float:
 
 @torch.no_grad()
 def exact_window_losses(scorer: Scorer, spans: torch.Tensor, window: int, *, batch_size: int | None = None,
+                        max_batch_tokens: int = MAX_BATCH_TOKENS,
                         progress: bool = False) -> torch.Tensor:
     """Loss [n, L-1] where target t >= window sees exactly the previous `window` tokens (NaN for t < window).
 
@@ -89,7 +111,7 @@ def exact_window_losses(scorer: Scorer, spans: torch.Tensor, window: int, *, bat
     windows = spans.unfold(1, window + 1, 1)  # [n, L - window, window + 1]: context + target
     flat = windows.reshape(-1, window + 1)
     rope = scorer.eval_positions(window)
-    batch_size = batch_size or auto_batch_size(window)
+    batch_size = batch_size or auto_batch_size(window, max_batch_tokens)
     out = []
     for a, b in _batches(flat.shape[0], batch_size, "windows", progress):
         logits = scorer.next_token_logits(flat[a:b, :window], rope)
@@ -101,17 +123,19 @@ def exact_window_losses(scorer: Scorer, spans: torch.Tensor, window: int, *, bat
 
 @torch.no_grad()
 def kv_cache_window_losses(scorer: Scorer, spans: torch.Tensor, window: int, *, chunk: int | None = None,
-                           batch_size: int | None = None, progress: bool = False) -> torch.Tensor:
+                           batch_size: int | None = None,
+                           max_batch_tokens: int = MAX_BATCH_TOKENS, progress: bool = False) -> torch.Tensor:
     """Loss [n, L-1] under the paper's approximation: KV cache cut to `window`, RoPE offset reset to its size."""
     n, length = spans.shape
     chunk = chunk or window
-    batch_size = batch_size or auto_batch_size(length)
+    batch_size = batch_size or auto_batch_size(length, max_batch_tokens)
     return torch.cat([scorer.kv_cache_losses(spans[a:b], window, chunk)
                       for a, b in _batches(n, batch_size, "kv-cache spans", progress)])
 
 
 def context_gain(scorer: Scorer, spans: torch.Tensor, contexts: Iterable[int], *, window: int = 512,
                  method: str = "exact", chunk: int | None = None, batch_size: int | None = None,
+                 max_batch_tokens: int = MAX_BATCH_TOKENS,
                  progress: bool = False) -> dict:
     """G(C) = mean over targets t in [window, C) of loss_window(t) - loss_C(t), per C.
 
@@ -129,13 +153,13 @@ def context_gain(scorer: Scorer, spans: torch.Tensor, contexts: Iterable[int], *
         raise ValueError(f"--gain-method kv_cache needs the hf backend (got {scorer.backend})")
     spans = spans[:, :contexts[-1]]
     if method == "exact":
-        short = exact_window_losses(scorer, spans, window, batch_size=batch_size, progress=progress)
+        short = exact_window_losses(scorer, spans, window, batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress)
     else:
-        short = kv_cache_window_losses(scorer, spans, window, chunk=chunk, batch_size=batch_size,
+        short = kv_cache_window_losses(scorer, spans, window, chunk=chunk, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
                                        progress=progress)
     values, full_loss, window_loss = {}, {}, {}
     for c in contexts:
-        full = per_position_loss(scorer, spans[:, :c].contiguous(), batch_size=batch_size, progress=progress)
+        full = per_position_loss(scorer, spans[:, :c].contiguous(), batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress)
         a, b = full[:, window - 1:].double(), short[:, window - 1:c - 1].double()
         values[c] = (b - a).mean().item()
         full_loss[c], window_loss[c] = a.mean().item(), b.mean().item()

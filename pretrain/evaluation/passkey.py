@@ -105,10 +105,10 @@ def greedy_decode(scorer: Scorer, prompt: list[int], max_new_tokens: int) -> lis
 def retrieval_accuracy(scorer: Scorer, tokenizer, examples: list[RetrievalExample], *,
                        max_new_tokens: int = 10, progress: bool = False) -> dict:
     """Exact-match accuracy of greedy decoding over the examples, with per-example outputs."""
-    from tqdm import tqdm
+    from pretrain.console import progress as progress_line
 
     results = []
-    for ex in tqdm(examples, desc="retrieval", disable=not progress, unit="example"):
+    for ex in progress_line(examples, desc="retrieval", enabled=progress):
         text = tokenizer.decode(greedy_decode(scorer, ex.prompt, max_new_tokens))
         results.append({"answer": ex.answer, "generated": text, "depth": ex.depth,
                         "correct": score_answer(text, ex.answer)})

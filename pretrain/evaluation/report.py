@@ -71,42 +71,73 @@ def record_metrics(record: dict) -> dict[str, float]:
     return out
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """(mean, sample std) of the finite values; std is NaN for one value, both NaN for none."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
         return math.nan, math.nan
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
 
 
-def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
-    """One row per label: n, parameters, and {metric: (mean, sample std over seeds)}.
+def record_size(record: dict) -> str:
+    """The model size a record belongs to: its `size` (set by `eval all`), else its parameter count."""
+    if record.get("size"):
+        return str(record["size"])
+    params = record.get("parameters")
+    return f"{params / 1e6:.3g}M" if params else "?"
 
-    With a baseline label, adds penalty@L = relative increase of in-distribution loss over
-    the baseline's mean in-distribution loss at the same L (the paper's in-distribution penalty).
+
+def record_method(record: dict) -> str:
+    """The method a record belongs to: its `method` (set by `eval all`), else its label."""
+    return record.get("method") or record.get("label") or default_label(record["run"])
+
+
+def _group_mean(runs: list[dict], prefix: str) -> dict[str, float]:
+    """{suffix: mean over runs} of the metrics named prefix + suffix."""
+    per_run = [record_metrics(r) for r in runs]
+    keys = {k for m in per_run for k in m if k.startswith(prefix)}
+    return {k[len(prefix):]: mean_std([m.get(k) for m in per_run])[0] for k in keys}
+
+
+def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
+    """One row per (model size, label): n, parameters, and {metric: (mean, sample std over seeds)}.
+
+    With a baseline (a method or label), every row is compared with the baseline *of its own
+    size*: penalty@L = relative increase of in-distribution loss over that baseline's mean at
+    the same L (the paper's in-distribution penalty), ΔG(C) = G(C) minus that baseline's mean G(C).
     """
-    groups: dict[str, list[dict]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in records:
-        groups[r.get("label") or default_label(r["run"])].append(r)
-    if baseline is not None and baseline not in groups:
-        raise ValueError(f"baseline {baseline!r} is not among the runs' labels {sorted(groups)}")
-    base_in = {}
-    if baseline is not None:
-        for key, (mean, _) in ((k, _mean_std([record_metrics(r).get(k) for r in groups[baseline]]))
-                               for k in {k for r in groups[baseline] for k in record_metrics(r)}
-                               if k.startswith("in_dist@")):
-            base_in[key.split("@")[1]] = mean
+        groups[(record_size(r), r.get("label") or default_label(r["run"]))].append(r)
+    is_baseline = {key: baseline is not None and baseline in (key[1], record_method(runs[0]))
+                   for key, runs in groups.items()}
+    if baseline is not None and not any(is_baseline.values()):
+        raise ValueError(f"baseline {baseline!r} is not among the runs' labels {sorted({k[1] for k in groups})} "
+                         f"or methods {sorted({record_method(r) for r in records})}")
+    base_in: dict[str, dict[str, float]] = {}
+    base_gain: dict[str, dict[str, float]] = {}
+    for key, runs in groups.items():
+        if is_baseline[key]:
+            base_in[key[0]] = _group_mean(runs, "in_dist@")
+            base_gain[key[0]] = _group_mean(runs, "G(")
     rows = []
-    for label, runs in groups.items():
+    for (size, label), runs in groups.items():
         per_run = [record_metrics(r) for r in runs]
         for m in per_run:
-            for length, base in base_in.items():
+            for length, base in base_in.get(size, {}).items():
                 if f"in_dist@{length}" in m:
                     m[f"penalty@{length}"] = (m[f"in_dist@{length}"] - base) / base
+            for context, base in base_gain.get(size, {}).items():
+                if f"G({context}" in m:
+                    m[f"ΔG({context}"] = m[f"G({context}"] - base
         keys = list(dict.fromkeys(k for m in per_run for k in m))
-        rows.append({"label": label, "n": len(runs), "seeds": [r.get("seed") for r in runs],
+        rows.append({"label": label, "size": size, "method": record_method(runs[0]), "n": len(runs),
+                     "seeds": [r.get("seed") for r in runs], "is_baseline": is_baseline[(size, label)],
                      "parameters": runs[0].get("parameters"), "strategy": runs[0].get("strategy"),
                      "train_window": runs[0].get("train_window"),
-                     "metrics": {k: _mean_std([m.get(k) for m in per_run]) for k in keys}})
+                     "metrics": {k: mean_std([m.get(k) for m in per_run]) for k in keys}})
+    # sizes small to large; within a size the baseline first
+    rows.sort(key=lambda row: (row["parameters"] or 0, row["size"], not row["is_baseline"], row["label"]))
     return rows
 
 
@@ -127,23 +158,52 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
     keys = _metric_keys(rows)
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["label", "n", "parameters"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")])
+        writer.writerow(["label", "size", "method", "n", "parameters"]
+                        + [f"{k}_{s}" for k in keys for s in ("mean", "std")])
         for row in rows:
             values = []
             for k in keys:
                 mean, std = row["metrics"].get(k, (math.nan, math.nan))
                 values += [mean, std]
-            writer.writerow([row["label"], row["n"], row["parameters"]] + values)
+            writer.writerow([row["label"], row.get("size"), row.get("method"), row["n"], row["parameters"]] + values)
     return path
 
 
 def markdown_table(rows: list[dict], metrics: list[str] | None = None) -> str:
     """Markdown table (mean ± std over seeds), paper Table 2/3 style."""
     keys = metrics or _metric_keys(rows)
-    lines = ["| run | n | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    lines = ["| run | size | n | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
     for row in rows:
         cells = [_fmt(*row["metrics"].get(k, (math.nan, math.nan))) for k in keys]
-        lines.append(f"| {row['label']} | {row['n']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row['label']} | {row.get('size', '?')} | {row['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def size_table(rows: list[dict], length: int | None = None) -> str:
+    """The paper's Table 2 across sizes: per size and method, penalty, cliff, G(C) and ΔG(C) vs that
+    size's baseline (mean ± std over seeds), at one evaluation length (default: the largest with a cliff)."""
+    keys = _metric_keys(rows)
+    lengths = sorted({int(k.split("@")[1]) for k in keys if k.startswith("cliff@")})
+    if length is None and lengths:
+        length = lengths[-1]
+    contexts = sorted({int(k[2:-1]) for k in keys if k.startswith("G(")})
+    columns = [(f"penalty@{length}", "in-dist penalty", True), (f"cliff@{length}", f"cliff (L={length})", False)]
+    columns += [(f"G({c})", f"G({c})", False) for c in contexts] + [(f"ΔG({c})", f"ΔG({c})", False) for c in contexts]
+    columns = [c for c in columns if any(c[0] in row["metrics"] for row in rows)]
+    lines = ["| size | method | n | " + " | ".join(title for _, title, _ in columns) + " |",
+             "|---|---|---|" + "---|" * len(columns)]
+    for row in rows:
+        cells = []
+        for key, _, percent in columns:
+            mean, std = row["metrics"].get(key, (math.nan, math.nan))
+            if row.get("is_baseline") and (key.startswith("penalty") or key.startswith("ΔG")):
+                cells.append("(baseline)" if key.startswith("penalty") else "—")
+            elif percent and math.isfinite(mean):
+                cells.append(_fmt(100 * mean, 100 * std, 1) + " %")
+            else:
+                cells.append(_fmt(mean, std))
+        lines.append(f"| {row.get('size', '?')} | {row.get('method', row['label'])} | {row['n']} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -203,7 +263,7 @@ def plot_context_gain(records: list[dict], path: str | Path) -> Path:
             continue
         methods.add(f"{gains[0]['method']}, window {gains[0]['window']}")
         cs = sorted({int(c) for g in gains for c in g["values"]})
-        stats = [_mean_std([g["values"].get(str(c), g["values"].get(c)) for g in gains]) for c in cs]
+        stats = [mean_std([g["values"].get(str(c), g["values"].get(c)) for g in gains]) for c in cs]
         ax.errorbar(cs, [m for m, _ in stats], yerr=[0 if not math.isfinite(s) else s for _, s in stats],
                     marker="o", capsize=3, label=label)
     ax.axhline(0, color="gray", linewidth=0.8)
@@ -225,7 +285,7 @@ def plot_cliff_vs_size(records: list[dict], path: str | Path, *, length: int | N
         cliffs = [r["lengths"][key]["cliff"]["cliff"] for r in runs
                   if key in r["lengths"] and r["lengths"][key].get("cliff")]
         if cliffs and runs[0].get("parameters"):
-            mean, std = _mean_std(cliffs)
+            mean, std = mean_std(cliffs)
             series[runs[0].get("strategy") or label].append((runs[0]["parameters"], mean, std))
     for strategy, points in series.items():
         points.sort()

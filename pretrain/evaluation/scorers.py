@@ -326,6 +326,7 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
         raise FileNotFoundError(f"{source}: no such checkpoint or model directory")
     if is_megatron_checkpoint(path):
         from pretrain.trainer.checkpoint import read_train_state
+        from pretrain.trainer.config import plain_fields
         from pretrain.trainer.inference_model import load_for_inference
 
         model, config = load_for_inference(path)
@@ -336,7 +337,7 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
         iteration = read_train_state(path).get("iteration")
         info = RunInfo(name=name or config.name, train_window=window, strategy=config.positions.strategy,
                        seed=config.seed, parameters=config.model.non_embedding_parameters(), source=str(path),
-                       extra={"iteration": iteration, "positions": _plain(config.positions),
+                       extra={"iteration": iteration, "positions": plain_fields(config.positions),
                               "data_path": config.data.data_path})
         scaling = _scaling(rope_scaling, factor, window)
         if backend == "megatron":
@@ -363,12 +364,6 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
     info = RunInfo(name=name or path.name, train_window=train_window, source=str(path),
                    parameters=_hf_non_embedding(hf))
     return HFScorer(hf.to(device), info, rope_scaling=_scaling(rope_scaling, factor, train_window))
-
-
-def _plain(config) -> dict:
-    import dataclasses
-
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()}
 
 
 def _hf_non_embedding(model: torch.nn.Module) -> int:

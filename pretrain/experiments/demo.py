@@ -11,7 +11,7 @@ finished steps.
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,11 +24,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--output", default="demo_out", help="working directory (resumable)")
     parser.add_argument("--preset", default="cpu-small", choices=sorted(reproduce.PRESETS))
     args = parser.parse_args(argv)
-    preset = copy.deepcopy(reproduce.PRESETS[args.preset])
-    preset.methods, preset.inference, preset.gain_spans = ["baseline", "posaug"], [], 0
-    reproduce.PRESETS[f"demo-{args.preset}"] = preset
+    preset = dataclasses.replace(reproduce.PRESETS[args.preset], methods=("baseline", "posaug"), inference=(),
+                                 gain_spans=0)
     try:
-        report = reproduce.reproduce(Path(args.output), f"demo-{args.preset}", seeds=[42])
+        report = reproduce.reproduce(Path(args.output), preset, seeds=[42], preset_name=f"demo-{args.preset}")
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -30,7 +30,6 @@ class DataConfig:
 
     data_path: str | None = None  # data_prep --output-prefix; shards and manifest are found from it
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
-    num_workers: int = 0
 
 
 @dataclass
@@ -154,19 +153,14 @@ class TrainConfig:
 
     def validate(self, world_size: int) -> None:
         """Every check that needs the whole config; raises ValueError naming the fields and the fix."""
-        p = self.parallel
-        p.check_model(self.model)
-        model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
-        if world_size % model_parallel:
-            raise ValueError(f"world size {world_size} is not divisible by TP×PP×CP = {model_parallel}; "
-                             "change parallel.* or the number of processes")
-        dp = world_size // model_parallel
+        self.parallel.check_model(self.model)
+        dp = self.parallel.data_parallel_size(world_size)
         micro = self.schedule.micro_batch_size * dp
         if self.schedule.global_batch_size % micro:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
-        if p.use_distributed_optimizer and not torch.cuda.is_available():
+        if self.parallel.use_distributed_optimizer and not torch.cuda.is_available():
             raise ValueError("parallel.use_distributed_optimizer=true: Megatron's distributed-optimizer checkpoints "
                              "need Transformer Engine or Apex optimizers (GPU); on CPU set it to false")
         if self.optimizer.lr_warmup_iters >= self.train_iters():
@@ -266,16 +260,16 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> TrainCo
     return from_dict(apply_overrides(raw, overrides or []))
 
 
+def plain_fields(section: Any) -> dict:
+    """A config dataclass as a YAML/JSON-safe dict (tuples become lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(section).items()}
+
+
 def to_dict(config: TrainConfig) -> dict:
     """Plain nested dict (the resolved config; YAML-safe)."""
-    def plain(value):
-        if isinstance(value, tuple):
-            return list(value)
-        return value
-
     out: dict[str, Any] = {k: getattr(config, k) for k in TOP_LEVEL}
     for section in SECTIONS:
-        out[section] = {k: plain(v) for k, v in dataclasses.asdict(getattr(config, section)).items()}
+        out[section] = plain_fields(getattr(config, section))
     out["preset"] = None  # the model section is fully resolved already
     return out
 

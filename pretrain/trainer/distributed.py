@@ -34,11 +34,7 @@ def initialize(parallel: ParallelConfig, seed: int, timeout_s: float = 600.0) ->
             # would inherit MASTER_PORT and collide with this process's store.
             dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
                                     rank=0, world_size=1, timeout=timedelta(seconds=timeout_s))
-    world = dist.get_world_size()
-    model_parallel = (parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
-                      * parallel.context_parallel_size)
-    if world % model_parallel:
-        raise ValueError(f"world size {world} is not divisible by TP×PP×CP = {model_parallel}")
+    parallel.data_parallel_size(dist.get_world_size())
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 

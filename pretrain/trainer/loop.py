@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import signal
 import sys
@@ -19,11 +18,9 @@ from pretrain.trainer import checkpoint, distributed
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
 from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches
 from pretrain.trainer.engine import Engine
+from pretrain.trainer.metrics import Metrics, config_summary
 
 log = logging.getLogger("pretrain")
-
-# Dense BF16 peak per device (TFLOP/s), for the MFU estimate.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
 
 
 class TrainingStopped(RuntimeError):
@@ -46,57 +43,6 @@ class StopSignal:
         flag = torch.tensor([1.0 if self.received else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
-
-
-class Metrics:
-    """Console line on rank 0, TensorBoard scalars on the last rank (which holds the loss, as in Megatron)."""
-
-    def __init__(self, config: TrainConfig, total_iters: int) -> None:
-        self.total_iters = total_iters
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.writer = None
-        if self.rank == self.world - 1:
-            from torch.utils.tensorboard import SummaryWriter
-
-            tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
-            self.writer = SummaryWriter(log_dir=tb_dir)
-        self.peak = config.logging.peak_tflops or _known_peak_tflops()
-        self.flops_per_token = config.model.flops_per_token()
-
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        """Write scalars to TensorBoard (last rank only)."""
-        if self.writer is not None:
-            for name, value in values.items():
-                if value is not None and math.isfinite(value):
-                    self.writer.add_scalar(name, value, step)
-
-    def console(self, text: str) -> None:
-        """One line on rank 0."""
-        if self.rank == 0:
-            print(text, flush=True)
-
-    def mfu(self, tokens_per_s: float) -> float | None:
-        """Model FLOPs utilisation, when the device peak is known."""
-        if not self.peak:
-            return None
-        return tokens_per_s * self.flops_per_token / (self.peak * 1e12 * self.world)
-
-    def close(self) -> None:
-        """Flush TensorBoard."""
-        if self.writer is not None:
-            self.writer.close()
-
-
-def _known_peak_tflops() -> float | None:
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
-
-
-def _eta(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def train(config: TrainConfig) -> int:
@@ -126,7 +72,7 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
             print(f"resume: {note}", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump(config))
-        print(f"resolved config (saved to {run_dir / 'config.yaml'}):\n{dump(config)}", flush=True)
+        print(f"config: {config_summary(config)} (resolved config saved to {run_dir / 'config.yaml'})", flush=True)
         print(f"model: {config.model.non_embedding_parameters() / 1e6:.2f}M non-embedding parameters, "
               f"{config.model.total_parameters(config.parallel.tensor_model_parallel_size) / 1e6:.2f}M total; "
               f"budget {config.train_tokens():,} tokens = {total_iters:,} iterations × "
@@ -166,10 +112,9 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                         {"config": to_dict(config), "consumed_samples": iteration * gbs},
                         keep_last=config.checkpoint.keep_last)
 
-    metrics = Metrics(config, total_iters)
+    metrics = Metrics(config, total_iters, start)
     exit_code = 0
     window_start, window_steps = time.time(), 0
-    run_start, run_start_step = time.time(), start
     skipped_in_row = 0
     try:
         for step in range(start, total_iters):
@@ -177,6 +122,7 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                                        sampler, step, num_microbatches, mbs, seq)
             window_steps += 1
             done = step + 1
+            metrics.step(done, f"loss {result.loss:.4f}")
             skipped_in_row = 0 if result.update_successful else skipped_in_row + 1
             if skipped_in_row:
                 _skipped(config, metrics, result, done, total_iters, skipped_in_row)
@@ -190,13 +136,13 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                                        "train/grad_norm": result.grad_norm, "perf/tokens_per_s": tokens_per_s,
                                        "perf/step_time_s": step_time, "perf/mfu": mfu,
                                        **{f"positions/{k}": v for k, v in stats.items()}})
-                eta = (time.time() - run_start) / (done - run_start_step) * (total_iters - done)
                 alpha = f" | α {stats['alpha']:.3f}" if "alpha" in stats else ""
                 metrics.console(
                     f"step {done}/{total_iters} | loss {result.loss:.4f} | lr {result.lr:.2e} | "
                     f"gnorm {result.grad_norm:.3f}{alpha} | max pos {stats.get('max_position', 0):.0f} | "
                     f"{tokens_per_s / 1e3:.1f}K tok/s | {step_time:.2f} s/step"
-                    f"{f' | MFU {mfu:.1%}' if mfu is not None else ''} | ETA {_eta(eta)}")
+                    f" | MFU {100 * mfu:.3g}% | ETA {metrics.eta()}")
+                metrics.heartbeat(done)
                 window_start, window_steps = time.time(), 0
             if valid_data is not None and (done % config.logging.eval_interval == 0 or done == total_iters):
                 # the same leading validation batches every time, so the curve is comparable

@@ -246,3 +246,20 @@ def test_cli_evaluates_an_hf_directory_on_a_text_file_and_reports(scorers, token
 def test_cli_reports_a_missing_checkpoint_as_an_error(tmp_path, capsys):
     assert eval_cli([str(tmp_path / "nope"), "--data", str(tmp_path), "--lengths", "64"]) == 2
     assert "no such checkpoint" in capsys.readouterr().err
+
+
+def test_max_batch_tokens_sets_the_number_of_spans_per_forward_pass(scorers, spans):
+    megatron, _ = scorers
+    batch_sizes = []
+    original = megatron.token_losses
+
+    def recording(tokens, rope=None):
+        batch_sizes.append(tokens.shape[0])
+        return original(tokens, rope)
+
+    megatron.token_losses = recording
+    try:
+        per_position_loss(megatron, spans, max_batch_tokens=2 * L)
+    finally:
+        del megatron.token_losses
+    assert batch_sizes == [2, 1]

@@ -1,4 +1,5 @@
-"""Readers: every supported layout streams the same normalised documents; bad input is named and counted."""
+"""Readers: every supported layout streams the same documents (OpenWebText archives normalised, the rest as stored);
+bad input is named and counted."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import os
 
 import pytest
 
-from data_prep.readers import Unit, iter_unit, normalize, plan_units
+from data_prep.readers import iter_unit, normalize
+from data_prep.units import Unit, plan_units
 from test_data_prep_helpers import (make_docs, write_arrow_stream, write_jsonl, write_owt_dir,
                                     write_owt_plain_tar, write_parquet, write_txt_dir)
 
@@ -49,7 +51,7 @@ def test_whole_openwebtext_tar_xz_is_read(tmp_path, docs):
 
 def test_jsonl_plain_gz_and_zst_give_identical_documents(tmp_path, docs):
     got = [texts(read_all([write_jsonl(str(tmp_path / f"d.jsonl{ext}"), docs)])) for ext in ("", ".gz", ".zst")]
-    assert got[0] == got[1] == got[2] == [normalize(d) for d in docs]
+    assert got[0] == got[1] == got[2] == docs
 
 
 def test_jsonl_document_keys_do_not_depend_on_chunk_size(tmp_path, docs):
@@ -62,23 +64,23 @@ def test_jsonl_document_keys_do_not_depend_on_chunk_size(tmp_path, docs):
 
 def test_jsonl_key_is_chosen_by_flag(tmp_path, docs):
     path = write_jsonl(str(tmp_path / "d.jsonl"), docs[:3], key="content")
-    assert texts(read_all([path], jsonl_key="content")) == [normalize(d) for d in docs[:3]]
+    assert texts(read_all([path], jsonl_key="content")) == docs[:3]
 
 
 def test_parquet_row_groups_become_units_and_keep_order(tmp_path, docs):
     path = write_parquet(str(tmp_path / "train-00000-of-00001.parquet"), docs, row_group_size=7)
     assert len(plan_units([path])) == 5
-    assert texts(read_all([path])) == [normalize(d) for d in docs]
+    assert texts(read_all([path])) == docs
 
 
 def test_arrow_stream_file_is_read(tmp_path, docs):
     path = write_arrow_stream(str(tmp_path / "data-00000-of-00001.arrow"), docs)
-    assert texts(read_all([path])) == [normalize(d) for d in docs]
+    assert texts(read_all([path])) == docs
 
 
 def test_txt_directory_is_read_in_sorted_order(tmp_path, docs):
     root = write_txt_dir(str(tmp_path / "txt"), docs)
-    assert texts(read_all([root])) == [normalize(d) for d in docs]
+    assert texts(read_all([root])) == docs
 
 
 def test_format_flag_forces_reader(tmp_path, docs):
@@ -86,13 +88,13 @@ def test_format_flag_forces_reader(tmp_path, docs):
     write_jsonl(str(path), docs[:4])
     with pytest.raises(ValueError, match="no corpus files"):  # unknown suffix is not auto-detected...
         plan_units([str(tmp_path)])
-    assert texts(read_all([str(path)], fmt="jsonl")) == [normalize(d) for d in docs[:4]]  # ...but can be forced
+    assert texts(read_all([str(path)], fmt="jsonl")) == docs[:4]  # ...but can be forced
 
 
 def test_bad_jsonl_lines_are_skipped_by_reason_naming_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     lines = [json.dumps({"text": "good one"}).encode(), b'{"text": "bad \xff utf8"}', b"{not json",
-             json.dumps({"other": "x"}).encode(), json.dumps({"text": " \n\n \n"}).encode(),
+             json.dumps({"other": "x"}).encode(), json.dumps({"text": ""}).encode(),
              json.dumps({"text": "good two"}).encode()]
     path.write_bytes(b"\n".join(lines) + b"\n")
     recs = read_all([str(path)])
@@ -100,6 +102,20 @@ def test_bad_jsonl_lines_are_skipped_by_reason_naming_the_line(tmp_path):
     skips = [(r.skip_reason, r.where) for r in recs if r.skip_reason]
     assert skips == [("invalid_utf8", "bad.jsonl:line 2"), ("invalid_json", "bad.jsonl:line 3"),
                      ("missing_key", "bad.jsonl:line 4"), ("empty", "bad.jsonl:line 5")]
+
+
+def test_whitespace_only_document_is_kept_as_stored_and_empty_under_the_owt_rule(tmp_path):
+    path = write_jsonl(str(tmp_path / "ws.jsonl"), [" \n\n \n", "x"])
+    assert texts(read_all([path])) == [" \n\n \n", "x"]
+    recs = read_all([path], normalize="owt")
+    assert texts(recs) == ["x"] and [r.skip_reason for r in recs] == ["empty", None]
+
+
+def test_normalize_flag_applies_the_owt_rule_to_any_format_and_none_to_owt_archives(tmp_path, docs):
+    path = write_jsonl(str(tmp_path / "d.jsonl"), docs[:5])
+    assert texts(read_all([path], normalize="owt")) == [normalize(d) for d in docs[:5]]
+    root = write_owt_dir(str(tmp_path / "owt"), [docs[:5]])
+    assert texts(read_all([root], normalize="none")) == docs[:5]
 
 
 def test_truncated_gzip_reports_corrupt_archive_after_reading_what_it_can(tmp_path, docs):

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tarfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
 
 _WORDS = ("the model data token shard corpus reads writes quickly across many nodes while a "

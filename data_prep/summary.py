@@ -1,0 +1,108 @@
+"""The end of `build`: the manifest document, the closing report, and the no-documents error."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from data_prep import __version__
+from data_prep.errors import DataError
+from data_prep.manifest import MANIFEST_VERSION, manifest_path, write_json_atomic
+from data_prep.units import Unit
+
+if TYPE_CHECKING:  # the pipeline imports this module
+    from data_prep.pipeline import BuildConfig, BuildPlan
+
+
+def _tree_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _skip_totals(unit_records: list[dict]) -> tuple[dict, list[str]]:
+    skipped: dict[str, int] = {}
+    examples: list[str] = []
+    for record in unit_records:
+        for reason, count in record["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + count
+        examples.extend(record["skip_log"])
+    return dict(sorted(skipped.items())), examples
+
+
+def no_documents_message(cfg: "BuildConfig", units: list[Unit], unit_records: list[dict]) -> str:
+    """One line for a build whose inputs yield no document: what was read, why each was skipped, the fix."""
+    names = sorted({u.name for u in units})
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    read = sum(r["docs_read"] for r in unit_records)
+    if read == 0:
+        return (f"no documents to write: {shown} ({sum(u.est_bytes for u in units)} bytes) yielded 0 documents; "
+                f"fix: point --input at a non-empty corpus (format {cfg.fmt!r}; --format picks the reader)")
+    skipped, examples = _skip_totals(unit_records)
+    reasons = ", ".join(f"{reason}: {count}" for reason, count in skipped.items())
+    return (f"no documents to write: all {read} documents of {shown} were skipped ({reasons}; first: {examples[0]}); "
+            f"fix: pass --jsonl-key with the field holding the text (now {cfg.jsonl_key!r}) or --format matching "
+            "the files, or repair the documents named")
+
+
+def _normalize_record(cfg: "BuildConfig", units: list[Unit]) -> dict:
+    by_format: dict[str, str] = {}
+    for unit in units:
+        by_format.setdefault(unit.fmt, unit.normalize)
+    return {"requested": cfg.normalize, "by_format": dict(sorted(by_format.items()))}
+
+
+def write_manifest(cfg: "BuildConfig", plan: "BuildPlan", num_ranks: int, unit_records: list[dict], entries: dict, seconds: float) -> dict:
+    """Check the document accounting, write the manifest, print the closing report; returns the manifest."""
+    skipped, examples = _skip_totals(unit_records)
+    shards = [entries[i] for i in range(cfg.num_shards)]
+    valid = entries["valid"]
+    read = sum(r["docs_read"] for r in unit_records)
+    written = sum(e["documents"] for e in shards) + valid["documents"]
+    num_skipped = sum(skipped.values())
+    if read != written + num_skipped:  # never silently drop data
+        raise DataError(f"accounting mismatch: read {read} != written {written} + skipped {num_skipped}")
+    tokens = sum(e["tokens"] for e in shards) + valid["tokens"]
+    tok = plan.tokenizer
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "data_prep_version": __version__,
+        "fingerprint": plan.fingerprint,
+        "created_unix": int(time.time()),
+        "inputs": [{"path": os.path.abspath(p), "bytes": _tree_bytes(p)} for p in cfg.inputs],
+        "input_files": plan.state["files"],
+        "num_units": len(plan.units),
+        "tokenizer": {"path": tok.path, "kind": tok.kind, "sha256": tok.sha256, "vocab_size": tok.vocab_size,
+                      "eod_id": tok.eod, "pad_id": tok.pad, "dtype": np.dtype(plan.dtype).name,
+                      "backend": getattr(tok, "backend", "sentencepiece")},
+        "normalize": _normalize_record(cfg, plan.units),
+        "settings": {**cfg.output_settings(), "workers": cfg.workers, "ranks": num_ranks},
+        "documents": {"read": read, "written": written, "skipped": num_skipped,
+                      "train": written - valid["documents"], "valid": valid["documents"]},
+        "skipped_by_reason": skipped,
+        "skipped_examples": examples[:1000],
+        "tokens": {"total": tokens, "train": tokens - valid["tokens"], "valid": valid["tokens"]},
+        "shards": shards,
+        "valid": valid,
+        "seconds": round(seconds, 2),
+    }
+    write_json_atomic(manifest_path(cfg.output_prefix), manifest)
+    _print_report(cfg, manifest, sum(u.est_bytes for u in plan.units), seconds)
+    return manifest
+
+
+def _print_report(cfg: "BuildConfig", manifest: dict, in_bytes: int, seconds: float) -> None:
+    docs, tokens = manifest["documents"], manifest["tokens"]["total"]
+    rate = max(seconds, 1e-9)
+    print(f"\ndone in {seconds:.1f}s: {docs['read']} documents read = {docs['written']} written ({docs['train']} "
+          f"train in {cfg.num_shards} shard(s), {docs['valid']} valid) + {docs['skipped']} skipped "
+          f"{manifest['skipped_by_reason'] or ''}\n{tokens} tokens ({tokens / rate:,.0f} tokens/s, "
+          f"{in_bytes / 1e6 / rate:.2f} MB/s input); manifest {manifest_path(cfg.output_prefix)}",
+          file=sys.stderr, flush=True)
+    empty = [e["prefix"] for e in manifest["shards"] if e["documents"] == 0]
+    if empty:
+        print(f"warning: {len(empty)} shard(s) received no documents: {empty[:3]} (use fewer shards)", file=sys.stderr)

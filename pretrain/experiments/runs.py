@@ -1,0 +1,187 @@
+"""`python -m pretrain runs DIR`: every training run under DIR with its size, method, seed,
+iteration and state (finished / running / stopped / failed).
+
+A run directory is one holding the `config.yaml` the trainer writes. Its state comes from
+the trainer's `status.json` and its newest complete checkpoint:
+
+- finished: the newest checkpoint is at the run's last iteration;
+- running: status.json says running and the process is alive (same host), or its heartbeat
+  is recent (another host, e.g. a SLURM node);
+- stopped: saved on SIGTERM/SIGUSR1 and exited for requeue;
+- failed: the trainer recorded an exception, or it says running but its process is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from pretrain.experiments.table import METHODS, SIZES
+
+ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups")
+STALE_AFTER_S = 1800.0  # a "running" run on another host with no heartbeat for this long is reported failed
+
+
+def _fields(section) -> dict:
+    if dataclasses.is_dataclass(section):
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(section).items()}
+    return dict(section)
+
+
+def size_name(model) -> str:
+    """The table.SIZES name of a model (ModelConfig or its dict), else its non-embedding size, e.g. '3.2M'."""
+    fields = _fields(model)
+    if fields.get("num_query_groups") is None:
+        fields["num_query_groups"] = fields.get("num_attention_heads")
+    for name, size in SIZES.items():
+        arch = dict(size.architecture)
+        arch.setdefault("num_query_groups", arch.get("num_attention_heads"))
+        if all(arch.get(k) == fields.get(k) for k in ARCHITECTURE_KEYS):
+            return name
+    from megatron_ext.model import ModelConfig
+
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    params = ModelConfig(**{k: v for k, v in fields.items() if k in known}).non_embedding_parameters()
+    return f"{params / 1e6:.3g}M"
+
+
+def method_name(positions, window: int) -> str:
+    """The table.METHODS row whose resolved positions equal the run's, else the strategy name."""
+    from megatron_ext.positions import PositionConfig
+
+    fields = _fields(positions)
+    for name, method in METHODS.items():
+        if _fields(PositionConfig(**method.position_fields(window))) == fields:
+            return name
+    return str(fields.get("strategy", "?"))
+
+
+@dataclass
+class Run:
+    """One training run directory as `runs` reports it."""
+
+    path: Path
+    name: str
+    size: str
+    method: str
+    seed: int | None
+    iteration: int
+    train_iters: int | None
+    state: str
+    detail: str = ""
+    config: object = None  # the TrainConfig, when config.yaml parses
+
+    @property
+    def finished(self) -> bool:
+        """True when the newest checkpoint is the run's last iteration."""
+        return self.state == "finished"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _age_s(timestamp: str | None) -> float | None:
+    try:
+        return (datetime.now(timezone.utc) - datetime.fromisoformat(timestamp)).total_seconds()
+    except (TypeError, ValueError):
+        return None
+
+
+def _state(status: dict | None, iteration: int, train_iters: int | None, stale_after_s: float) -> tuple[str, str]:
+    if train_iters is not None and iteration >= train_iters:
+        return "finished", ""
+    if status is None:
+        return "failed", "no status.json and not finished (killed before its first log line, or an old run)"
+    state = status.get("state")
+    if state == "failed":
+        return "failed", status.get("error", "")
+    if state == "stopped":
+        return "stopped", "saved on a stop signal; waiting for requeue/restart"
+    if state == "finished":  # finished by status but checkpoint missing/pruned by hand
+        return "failed", "status says finished but the last checkpoint is missing"
+    if status.get("host") == socket.gethostname():
+        if _process_alive(int(status.get("pid", -1))):
+            return "running", f"pid {status.get('pid')}"
+        return "failed", f"process {status.get('pid')} is gone (killed?) at iteration {status.get('iteration')}"
+    age = _age_s(status.get("updated"))
+    if age is not None and age <= stale_after_s:
+        return "running", f"on {status.get('host')}, last heartbeat {age / 60:.0f} min ago"
+    return "failed", f"no heartbeat from {status.get('host')} for {(age or 0) / 3600:.1f} h"
+
+
+def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = STALE_AFTER_S) -> Run:
+    """Size, method, seed, iteration and state of one run directory."""
+    from pretrain.trainer import config as config_module
+    from pretrain.trainer.checkpoint import latest_iteration
+    from pretrain.trainer.metrics import read_status
+
+    name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
+    iteration = latest_iteration(run_dir) or 0
+    status = read_status(run_dir)
+    try:
+        config = config_module.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+    except (ValueError, TypeError, yaml.YAMLError) as error:
+        return Run(run_dir, name, "?", "?", None, iteration, None, "failed", f"config.yaml unreadable: {error}")
+    train_iters = config.train_iters()
+    state, detail = _state(status, iteration, train_iters, stale_after_s)
+    return Run(run_dir, name, size_name(config.model), method_name(config.positions, config.model.seq_length),
+               config.seed, iteration, train_iters, state, detail, config)
+
+
+def discover(root: str | Path, stale_after_s: float = STALE_AFTER_S) -> list[Run]:
+    """Every run directory under `root` (or `root` itself), sorted by path."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such directory")
+    dirs = sorted({p.parent for p in root.rglob("config.yaml")
+                   if not any(part.startswith("iter_") for part in p.parent.relative_to(root).parts)})
+    return [inspect_run(d, root, stale_after_s) for d in dirs]
+
+
+def format_table(runs: list[Run]) -> str:
+    """Plain-text table, one run a line."""
+    header = ("run", "size", "method", "seed", "iteration", "state", "")
+    rows = [(r.name, r.size, r.method, "" if r.seed is None else str(r.seed),
+             f"{r.iteration}/{r.train_iters if r.train_iters is not None else '?'}", r.state, r.detail)
+            for r in runs]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + ("  " + row[-1] if row[-1] else "")
+             for row in [header, *rows]]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def main(argv: list[str]) -> int:
+    """CLI for `python -m pretrain runs`."""
+    parser = argparse.ArgumentParser(prog="python -m pretrain runs", description=__doc__.split("\n")[0])
+    parser.add_argument("directory", help="a directory of run directories (or one run directory)")
+    parser.add_argument("--stale-after", type=float, default=STALE_AFTER_S / 60, metavar="MIN",
+                        help="minutes without a heartbeat after which a run on another host counts as failed")
+    args = parser.parse_args(argv)
+    try:
+        runs = discover(args.directory, args.stale_after * 60)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not runs:
+        print(f"error: no runs under {args.directory} (a run directory holds the trainer's config.yaml)",
+              file=sys.stderr)
+        return 2
+    print(format_table(runs))
+    counts = {s: sum(r.state == s for r in runs) for s in ("finished", "running", "stopped", "failed")}
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n) + f" ({len(runs)} runs)")
+    return 0
