@@ -174,12 +174,16 @@ def _skipped(config: TrainConfig, metrics: Metrics, result, done: int, total_ite
                     f"{result.skip_reason}, loss scale {result.loss_scale:g}")
     if in_row >= limit:
         latest = checkpoint.latest_iteration(config.run_dir)
+        # a resumed run keeps the checkpoint's LR schedule (Megatron's default), hence a new run for a new lr
+        restart = (f"latest checkpoint: {checkpoint.iteration_dir(config.run_dir, latest)}; to retry with a lower "
+                   f"optimizer.lr (now {config.optimizer.lr:g}) start a new run from its weights with --set "
+                   f"checkpoint.load=<that dir> checkpoint.save=<new run dir>" if latest is not None else
+                   f"no checkpoint yet; lower optimizer.lr (now {config.optimizer.lr:g})")
         raise TrainingStopped(
             f"stopped at step {done}/{total_iters} after {in_row} consecutive skipped updates, the last for "
             f"{result.skip_reason} at loss scale {result.loss_scale:g}; no non-finite weights were applied or saved "
-            f"(latest checkpoint: {f'iteration {latest}' if latest is not None else 'none'} in {config.run_dir}); "
-            f"lower optimizer.lr (now {config.optimizer.lr:g}) or check the data "
-            f"(optimizer.max_consecutive_skipped_iters={limit} sets how many skipped updates are tolerated)")
+            f"({restart}), or check the data; optimizer.max_consecutive_skipped_iters={limit} sets how many "
+            "skipped updates in a row are tolerated")
 
 
 def _print_error(error: Exception) -> None:
