@@ -155,7 +155,7 @@ def _make_legacy(checkpoint_dir, rng_state=None) -> None:
     """Turn a checkpoint into one written before completeness records, its RNG file into `rng_state`
     (default: the same streams in the old layout, random/numpy getstate() tuples)."""
     state = json.loads((checkpoint_dir / "train_state.json").read_text())
-    del state["files"]
+    state.pop("files", None)
     (checkpoint_dir / "train_state.json").write_text(json.dumps(state))
     rng_file = checkpoint_dir / "rng" / "rank_00000.pt"
     if rng_state is None:
