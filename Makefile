@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # OpenMPI (MPI data_prep tests) and SLURM + munge + PMIx (the real local cluster the launcher tests use).
 APT_PACKAGES := openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge libpmix-dev
 
-.PHONY: demo test system-deps slurm-cluster venv clean
+.PHONY: demo test system-deps slurm-cluster slurm-two-nodes venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,10 +37,15 @@ system-deps:
 slurm-cluster: system-deps
 	$$( [ "$$(id -u)" = 0 ] || echo sudo ) bash slurm/local/start.sh
 
+# A two-node SLURM cluster in network namespaces (idempotent), next to the single-node one. Exit code 3 means
+# this machine cannot host it (no root or no netns rights): its tests then skip and print the reason.
+slurm-two-nodes: system-deps
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) bash slurm/local/start_two_nodes.sh || [ $$? = 3 ]
+
 demo: $(VENV)/.installed-core
 	$(BIN)/python -m pretrain demo --output demo_out
 
-test: $(VENV)/.installed-test slurm-cluster
+test: $(VENV)/.installed-test slurm-cluster slurm-two-nodes
 	$(BIN)/python -m pytest -q --durations=15
 
 clean:

@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
 FP8_FORMATS = (None, "e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+RECOMPUTE_GRANULARITIES = (None, "full", "selective")
+RECOMPUTE_METHODS = (None, "uniform", "block")
+# rope: RoPE at the sampler's positions; none: NoPE (Megatron's "none"); alibi: no RoPE, an
+# attention bias -m_h·|p_i - p_j| from the same positions (megatron_ext.alibi).
+POSITION_EMBEDDING_TYPES = ("rope", "none", "alibi")
 
 
 @dataclass
@@ -47,6 +52,12 @@ class ModelConfig:
     fp8: str | None = None  # None | e4m3 | hybrid (Transformer Engine only)
     fp8_recipe: str = "delayed"
     use_cpu_initialization: bool = True  # same weights for every TP size with the same seed
+    # Activation recomputation, as Megatron's --recompute-granularity/-method/-num-layers:
+    # full recomputes whole layers (method + num_layers say which), selective only core attention.
+    recompute_granularity: str | None = None  # None | full | selective
+    recompute_method: str | None = None  # None | uniform | block (full only)
+    recompute_num_layers: int | None = None  # layers per recompute unit (uniform) / per stage (block)
+    position_embedding_type: str = "rope"  # rope | none (NoPE) | alibi
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -66,7 +77,10 @@ class ModelConfig:
                     f"model.hidden_size ({self.hidden_size}) must be divisible by "
                     f"model.num_attention_heads ({self.num_attention_heads}), or set model.kv_channels")
             self.kv_channels = self.hidden_size // self.num_attention_heads
-        if self.kv_channels % 2:
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(f"model.position_embedding_type must be one of {POSITION_EMBEDDING_TYPES} "
+                             f"(got {self.position_embedding_type!r})")
+        if self.kv_channels % 2 and self.position_embedding_type == "rope":
             raise ValueError(f"model.kv_channels must be even for RoPE (got {self.kv_channels})")
         if self.rotary_base <= 1:
             raise ValueError(f"model.rotary_base must be > 1 (got {self.rotary_base})")
@@ -80,6 +94,24 @@ class ModelConfig:
                              "(FP8 runs only through Transformer Engine)")
         if self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES} (got {self.fp8_recipe!r})")
+        self._check_recompute()
+
+    def _check_recompute(self) -> None:
+        """Megatron's TransformerConfig rules for recompute_*, raised before any model is built."""
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(f"model.recompute_granularity must be null, full or selective "
+                             f"(got {self.recompute_granularity!r})")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise ValueError(f"model.recompute_method must be null, uniform or block (got {self.recompute_method!r})")
+        if self.recompute_granularity == "full":
+            if self.recompute_method is None or self.recompute_num_layers is None:
+                raise ValueError("model.recompute_granularity=full needs model.recompute_method (uniform or block) "
+                                 "and model.recompute_num_layers (e.g. uniform with 1 recomputes every layer)")
+            if self.recompute_num_layers < 1:
+                raise ValueError(f"model.recompute_num_layers must be >= 1 (got {self.recompute_num_layers})")
+        elif self.recompute_method is not None or self.recompute_num_layers is not None:
+            raise ValueError("model.recompute_method and model.recompute_num_layers apply only to "
+                             "model.recompute_granularity=full; remove them or set the granularity to full")
 
     @property
     def rotary_dim(self) -> int:
@@ -122,11 +154,38 @@ class ParallelConfig:
     context_parallel_size: int = 1
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
+    # Megatron DDP: all-reduce / reduce-scatter grads bucket by bucket during the backward pass,
+    # and all-gather updated params during the next forward (distributed optimizer only).
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    # Interleaved 1F1B: model chunks per pipeline rank (None = one chunk, plain 1F1B).
+    virtual_pipeline_model_parallel_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1 (got {getattr(self, name)})")
+        # Megatron's arguments.py rules for --overlap-param-gather.
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise ValueError("parallel.overlap_param_gather=true needs parallel.use_distributed_optimizer=true "
+                             "(only the distributed optimizer all-gathers params)")
+        if self.overlap_param_gather and not self.overlap_grad_reduce:
+            raise ValueError("parallel.overlap_param_gather=true needs parallel.overlap_grad_reduce=true "
+                             "(Megatron overlaps the param all-gather only together with the grad reduction)")
+        vp = self.virtual_pipeline_model_parallel_size
+        if vp is not None:
+            if vp < 1:
+                raise ValueError(f"parallel.virtual_pipeline_model_parallel_size must be >= 1 or null (got {vp})")
+            if vp > 1 and self.pipeline_model_parallel_size == 1:
+                raise ValueError("parallel.virtual_pipeline_model_parallel_size > 1 needs "
+                                 "parallel.pipeline_model_parallel_size > 1 (interleaving splits pipeline stages)")
+            if vp == 1:
+                self.virtual_pipeline_model_parallel_size = None  # one chunk is plain 1F1B
+
+    @property
+    def model_chunks(self) -> int:
+        """Model chunks on each pipeline rank (the virtual pipeline size, 1 without interleaving)."""
+        return self.virtual_pipeline_model_parallel_size or 1
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             self.sequence_parallel = False  # Megatron disables it for TP=1 too
 
@@ -151,6 +210,19 @@ class ParallelConfig:
         if model.num_layers % pp:
             raise ValueError(f"parallel.pipeline_model_parallel_size ({pp}) must divide "
                              f"model.num_layers ({model.num_layers})")
+        if model.num_layers % (pp * self.model_chunks):
+            raise ValueError(f"model.num_layers ({model.num_layers}) must be divisible by "
+                             f"PP × VP = {pp} × {self.model_chunks}; change "
+                             "parallel.virtual_pipeline_model_parallel_size")
+        layers_per_chunk = model.num_layers // (pp * self.model_chunks)
+        if model.recompute_granularity == "full":
+            if model.recompute_num_layers > layers_per_chunk:
+                raise ValueError(f"model.recompute_num_layers ({model.recompute_num_layers}) must be between 1 "
+                                 f"and the {layers_per_chunk} layers of a pipeline stage")
+            if model.recompute_method == "uniform" and layers_per_chunk % model.recompute_num_layers:
+                raise ValueError(f"model.recompute_method=uniform: model.recompute_num_layers "
+                                 f"({model.recompute_num_layers}) must divide the {layers_per_chunk} layers "
+                                 "of a pipeline stage")
         if self.context_parallel_size > 1 and not torch.cuda.is_available():
             raise ValueError("parallel.context_parallel_size > 1 needs GPUs (Megatron's context "
                              "parallel attention is Transformer Engine only); set it to 1 on CPU")
@@ -167,7 +239,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
     dtype = torch.bfloat16 if model.bf16 else torch.float32
     # TE's fused RoPE takes one frequency row per position; per-sample positions [b, s]
     # need the unfused kernel, which broadcasts [s, b, 1, d] frequencies.
-    rope_fusion = te and on_gpu and not per_sample_positions
+    rope_fusion = te and on_gpu and not per_sample_positions and model.position_embedding_type == "rope"
     if te and per_sample_positions:
         log.info("per-sample positions: using Megatron's unfused RoPE (TE fused RoPE needs [s] positions)")
     config = TransformerConfig(
@@ -188,8 +260,16 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
         rotary_interleaved=model.rotary_interleaved,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+        # Megatron-LM's own setting for interleaving (overlap_p2p_comm, no batched p2p). Batched p2p
+        # gave wrong activations with PP=2 × VP=2 on gloo, where both neighbours are the same rank.
+        overlap_p2p_comm=parallel.virtual_pipeline_model_parallel_size is not None,
+        batch_p2p_comm=parallel.virtual_pipeline_model_parallel_size is None,
         context_parallel_size=parallel.context_parallel_size,
         sequence_parallel=parallel.sequence_parallel,
+        recompute_granularity=model.recompute_granularity,
+        recompute_method=model.recompute_method,
+        recompute_num_layers=model.recompute_num_layers,
         use_cpu_initialization=model.use_cpu_initialization,
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -231,8 +311,8 @@ def check_runtime(model: ModelConfig) -> None:
 
 def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
                 pre_process: bool = True, post_process: bool = True,
-                per_sample_positions: bool = False):
-    """A FloatPositionGPTModel (this rank's pipeline stage) for the config; parallel state must exist."""
+                per_sample_positions: bool = False, vp_stage: int | None = None):
+    """A FloatPositionGPTModel (this rank's pipeline stage, or its virtual stage vp_stage); parallel state must exist."""
     from megatron_ext.rope_hook import FloatPositionGPTModel
 
     parallel = parallel or ParallelConfig()
@@ -240,7 +320,15 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     check_runtime(model)
     config = transformer_config(model, parallel, per_sample_positions=per_sample_positions)
     spec_kwargs = {} if model.transformer_impl == "transformer_engine" else {"normalization": "RMSNorm"}
-    spec = layer_spec_function(model)(**spec_kwargs)
+    if model.position_embedding_type == "alibi":
+        if parallel.context_parallel_size > 1:
+            raise ValueError("model.position_embedding_type=alibi does not support context parallelism; "
+                             "set parallel.context_parallel_size=1")
+        from megatron_ext.alibi_attention import alibi_layer_spec
+
+        spec = alibi_layer_spec(model.transformer_impl, **spec_kwargs)
+    else:
+        spec = layer_spec_function(model)(**spec_kwargs)
     return FloatPositionGPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -249,8 +337,10 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
-        position_embedding_type="rope",
+        position_embedding_type="rope" if model.position_embedding_type == "rope" else "none",
+        alibi=model.position_embedding_type == "alibi",
         rotary_base=int(model.rotary_base) if float(model.rotary_base).is_integer() else model.rotary_base,
+        vp_stage=vp_stage,
     )
 
 

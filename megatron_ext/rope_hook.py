@@ -14,6 +14,10 @@ TransformerBlock (so activation recompute sees the same tensor) and a forward pr
 each layer picks its own row by global `layer_number`, which also holds under pipeline
 parallelism. Every pipeline stage computes its own angles, so the caller must pass the same
 positions to every stage for a given microbatch.
+
+Built with position_embedding_type="none" the model has no RoPE: NoPE ignores the positions;
+with `alibi=True` they become the ALiBi bias -m_h·|p_i - p_j|, handed to every layer as
+Megatron's `attention_bias` (see megatron_ext.alibi_attention for the core attention).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch
 from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_this_cp_rank
 from megatron.core.models.gpt.gpt_model import GPTModel
 
+from megatron_ext.alibi import alibi_bias, alibi_slopes
 from megatron_ext.positions import RopePositions
 
 
@@ -62,20 +67,59 @@ def as_rope_positions(position_ids: torch.Tensor | RopePositions) -> RopePositio
 class FloatPositionGPTModel(GPTModel):
     """GPTModel whose RoPE angles come from the given (float) positions instead of arange."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, alibi: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if self.position_embedding_type != "rope":
-            raise ValueError("FloatPositionGPTModel needs position_embedding_type='rope'")
-        for layer in self.decoder.layers:
-            layer.register_forward_pre_hook(_select_layer_angles, with_kwargs=True)
+        if self.position_embedding_type not in ("rope", "none"):
+            raise ValueError("FloatPositionGPTModel needs position_embedding_type 'rope' or 'none' (NoPE / ALiBi)")
+        if alibi and self.position_embedding_type != "none":
+            raise ValueError("ALiBi replaces RoPE: build it with position_embedding_type='none'")
+        self.alibi = alibi
+        if alibi:
+            # This TP rank's heads; not persistent, so checkpoints match a NoPE/RoPE model's.
+            tp_size, tp_rank = self.pg_collection.tp.size(), self.pg_collection.tp.rank()
+            heads = self.config.num_attention_heads // tp_size
+            slopes = alibi_slopes(self.config.num_attention_heads)[tp_rank * heads:(tp_rank + 1) * heads]
+            self.register_buffer("alibi_slopes", slopes, persistent=False)
+        if self.position_embedding_type == "rope":
+            for layer in self.decoder.layers:
+                layer.register_forward_pre_hook(_select_layer_angles, with_kwargs=True)
 
     def forward(self, input_ids, position_ids, attention_mask, *args, **kwargs):
         """GPTModel.forward; position_ids may be a float tensor [s] / [b, s] or a RopePositions."""
-        if position_ids is None or kwargs.get("inference_context") is not None:
+        if self.position_embedding_type == "none":
+            return self._forward_without_rope(input_ids, position_ids, attention_mask, *args, **kwargs)
+        inference = kwargs.get("inference_context") or kwargs.get("inference_params")
+        if inference is not None and (isinstance(position_ids, RopePositions)
+                                      or (torch.is_tensor(position_ids) and position_ids.is_floating_point())):
+            # Megatron's KV-cache decoding builds its angles from arange; it would drop these positions.
+            raise ValueError("float RoPE positions cannot be combined with a Megatron inference_context "
+                             "(KV-cache decoding uses integer positions); decode with "
+                             "megatron_ext.generation.greedy_generate, which re-runs the sequence at these positions")
+        if position_ids is None or inference is not None:
             return super().forward(input_ids, position_ids, attention_mask, *args, **kwargs)
         rope = as_rope_positions(position_ids)
         with attention_logits_scaled(self, rope.attention_factor ** 2):
             return super().forward(input_ids, rope, attention_mask, *args, **kwargs)
+
+    def _forward_without_rope(self, input_ids, position_ids, attention_mask, *args, **kwargs):
+        """NoPE: positions are ignored. ALiBi: they become every layer's attention bias."""
+        if self.alibi:
+            if position_ids is None:
+                raise ValueError("an ALiBi model needs positions (position_ids) to build its attention bias")
+            if kwargs.get("inference_context") is not None:
+                raise NotImplementedError("ALiBi models run full forwards only (no KV-cache inference)")
+            extra = dict(kwargs.get("extra_block_kwargs") or {})
+            extra["attention_bias"] = self.alibi_bias_for(position_ids)
+            kwargs["extra_block_kwargs"] = extra
+        return super().forward(input_ids, None, attention_mask, *args, **kwargs)
+
+    def alibi_bias_for(self, position_ids: torch.Tensor | RopePositions) -> torch.Tensor:
+        """This rank's ALiBi bias [1|b, heads/TP, s, s] in the parameters' dtype."""
+        rope = as_rope_positions(position_ids)
+        if rope.layer_positions is not None or rope.inv_freq is not None or rope.attention_factor != 1.0:
+            raise ValueError("per-layer positions and RoPE frequency scaling (positions.rope_scaling, "
+                             "random_base) need model.position_embedding_type=rope")
+        return alibi_bias(rope.positions, self.alibi_slopes).to(self.config.params_dtype)
 
     def _preprocess(self, input_ids, position_ids, decoder_input=None, inference_context=None,
                     packed_seq_params=None, padding_mask=None):

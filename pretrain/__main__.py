@@ -9,7 +9,7 @@ COMMANDS = {
     "demo": ("pretrain.experiments.demo", "main", "the embedded CPU demo: baseline vs PosAug on a no-download corpus"),
     "eval": ("pretrain.evaluation", "eval_cli", "per-position loss, cliff, context gain, passkey"),
     "export-hf": ("pretrain.hf.export", "export_cli", "checkpoint -> Hugging Face Llama directory"),
-    "import-hf": ("pretrain.hf.export", "import_cli", "Hugging Face Llama directory -> checkpoint"),
+    "import-hf": ("pretrain.hf.importer", "import_cli", "Hugging Face Llama directory -> checkpoint"),
     "reproduce": ("pretrain.experiments.reproduce", "main", "paper-style comparison at CPU scale"),
     "runs": ("pretrain.experiments.runs", "main", "list runs under a directory: size, method, seed, state"),
     "selfcheck": ("pretrain.selfcheck", "main", "first-contact check: versions, devices, a tiny training, GPU paths"),

@@ -13,6 +13,17 @@ Both return losses over the tokenizer's vocabulary only (Megatron's padding rows
 dropped), so the two backends compute the same distribution.
 """
 
+# Reaches into transformers internals (HF backend; checked against transformers 5.23.0):
+# - rotary module `inv_freq` / `original_inv_freq` (buffers), `attention_scaling`,
+#   `max_seq_len_cached`, `rope_type` (hf_rope): evaluation frequencies are swapped in for one
+#   call. transformers' `dynamic_rope_update` rewrites inv_freq and raises max_seq_len_cached
+#   during a dynamic-NTK forward, so all five are saved and restored around every call (else a
+#   later call runs with the restored unscaled inv_freq and results depend on the batch size),
+#   and rope_type is "default" while replacement frequencies are in place.
+# - `config._attn_implementation` (attention_entropy): switched to "eager" for one call, the only
+#   attention that returns probabilities, and restored.
+# - `DynamicCache.layers[i].keys/values` (_keep_last): truncated to the paper's sliding KV window.
+
 from __future__ import annotations
 
 import abc
@@ -128,30 +139,41 @@ def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
 
 
+# Per-call state of a transformers rotary module; transformers' dynamic-NTK update rewrites it
+# during a forward (see the comment block at the top of this module).
+_ROTARY_STATE = ("inv_freq", "original_inv_freq", "attention_scaling", "max_seq_len_cached", "rope_type")
+
+
 @contextlib.contextmanager
 def hf_rope(model: torch.nn.Module, rope: RopePositions) -> Iterator[None]:
-    """Temporarily give every rotary module of an HF model rope.inv_freq and rope.attention_factor."""
+    """Give every rotary module rope.inv_freq / rope.attention_factor for one call; restore its state after.
+
+    Restoring all of _ROTARY_STATE makes every call start from the loaded model: a dynamic-NTK
+    model then computes its frequencies for each call's own length, whatever ran before.
+    """
     if rope.layer_positions is not None:
         raise ValueError("per-layer positions cannot be evaluated through an HF model")
     modules = _rotary_modules(model)
     if not modules:
         raise ValueError(f"{type(model).__name__} has no rotary module with an inv_freq buffer: not a RoPE model")
-    saved = [(m, m.inv_freq, getattr(m, "attention_scaling", 1.0)) for m in modules]
+    saved = [(m, {name: getattr(m, name) for name in _ROTARY_STATE if hasattr(m, name)}) for m in modules]
     try:
-        for m, inv_freq, scaling in saved:
+        for m, state in saved:
             if rope.inv_freq is not None:
+                inv_freq = state["inv_freq"]
                 if rope.inv_freq.numel() != inv_freq.numel():
                     raise ValueError(f"replacement inv_freq has {rope.inv_freq.numel()} entries; the model's "
                                      f"rotary module has {inv_freq.numel()}")
                 m.inv_freq = rope.inv_freq.to(device=inv_freq.device, dtype=inv_freq.dtype)
+                if "rope_type" in state:
+                    m.rope_type = "default"  # no dynamic update may overwrite the replacement
             if rope.attention_factor != 1.0:
-                m.attention_scaling = scaling * rope.attention_factor
+                m.attention_scaling = state.get("attention_scaling", 1.0) * rope.attention_factor
         yield
     finally:
-        for m, inv_freq, scaling in saved:
-            m.inv_freq = inv_freq
-            if hasattr(m, "attention_scaling"):
-                m.attention_scaling = scaling
+        for m, state in saved:
+            for name, value in state.items():
+                setattr(m, name, value)
 
 
 class HFScorer(Scorer):

@@ -24,7 +24,10 @@ from pretrain.trainer import config as config_module
 from pretrain.trainer.config import TrainConfig
 
 # Training-time method rows (names in table.METHODS); the paper's Tables 2/4/6/7.
-TRAINING_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs", "rpe", "warp")
+TRAINING_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs", "rpe", "warp", "nope", "alibi")
+# The default preset stays within ~30 min on 2 cores: NoPE/ALiBi rows (Table 15) run in cpu-long and
+# cpu-tiny, and in cpu-small with --methods.
+ROPE_METHODS = TRAINING_METHODS[:-2]
 # Inference-time transforms applied to the baseline (paper §4.4: s = L_eval / w, default settings).
 INFERENCE = {"baseline+pi": "pi", "baseline+ntk": "ntk", "baseline+yarn": "yarn"}
 
@@ -61,7 +64,7 @@ PRESETS = {
     "cpu-small": Preset(model="cpu-small", window=64, vocab_size=4096, train_tokens=1_638_400,
                         global_batch_size=32, micro_batch_size=32, lr=3e-3, eval_length=EXTRAPOLATION * 64,
                         num_spans=400, in_dist_start=16, gain_window=16, corpus_bytes=6_000_000,
-                        valid_fraction=0.15),
+                        valid_fraction=0.15, methods=ROPE_METHODS),
     # longer: twice the window, 4x the tokens, eval at 8w; the baseline's cliff passes 1 nat here
     # (1.107 +- 0.063 measured; cpu-small's is 0.34). ~11 min of training per model on 2 cores.
     "cpu-long": Preset(model="cpu-small", window=128, vocab_size=4096, train_tokens=6_553_600,
@@ -165,7 +168,9 @@ def evaluate_run(run_dir: Path, label: str, seed: int, preset: Preset, spans: to
     from pretrain.evaluation.metrics import context_gain, per_position_loss, span_cliffs
     from pretrain.evaluation.scorers import load_scorer
 
-    scorer = load_scorer(run_dir, backend="hf", rope_scaling=rope_scaling, name=label)
+    # HF Llama has no NoPE/ALiBi: those runs are scored by the Megatron model itself (same losses, tested).
+    rope = METHODS[label].model.get("position_embedding_type", "rope") == "rope" if label in METHODS else True
+    scorer = load_scorer(run_dir, backend="hf" if rope else "megatron", rope_scaling=rope_scaling, name=label)
     losses = per_position_loss(scorer, spans).double()  # [n, L-1]; index i = target position i+1
     per_span = span_cliffs(losses, preset.window, in_start=preset.in_dist_start)
     contexts = [c for c in (2 * preset.window, 4 * preset.window, 8 * preset.window) if c <= preset.eval_length]
@@ -277,7 +282,14 @@ def with_methods(preset: Preset, methods: list[str] | None) -> Preset:
 
 
 def main(argv: list[str]) -> int:
-    """CLI for `python -m pretrain reproduce`."""
+    """CLI for `python -m pretrain reproduce` (`--suite tasks`: the algorithmic task suite, pretrain.tasks.suite)."""
+    suite = argparse.ArgumentParser(add_help=False)
+    suite.add_argument("--suite", choices=("lm", "tasks"), default="lm")
+    chosen, rest = suite.parse_known_args(argv)
+    if chosen.suite == "tasks":
+        from pretrain.tasks.suite import main as tasks_main
+
+        return tasks_main(rest)
     parser = argparse.ArgumentParser(prog="python -m pretrain reproduce", description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="reproduce_out", help="working and report directory (resumable)")
     parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")

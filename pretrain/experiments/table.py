@@ -113,6 +113,9 @@ METHODS: dict[str, Method] = {
     "rfs": Method({"strategy": "rfs"}, max_position_in_windows=EXTRAPOLATION, shipped=True),
     "rpe": Method({"strategy": "rpe"}, max_position_in_windows=EXTRAPOLATION, shipped=True),
     "warp": Method({"strategy": "warp", "p_head": 0.15, "p_tail": 0.15, "tail_function": "sqrt"}, shipped=True),
+    # PosAug Table 15's other position encodings (no RoPE: evaluated on the Megatron backend, no HF export).
+    "nope": Method({"strategy": "none"}, model={"position_embedding_type": "none"}),
+    "alibi": Method({"strategy": "none"}, model={"position_embedding_type": "alibi"}),
 }
 SHIPPED_METHODS = tuple(name for name, method in METHODS.items() if method.shipped)
 

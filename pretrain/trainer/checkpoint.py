@@ -133,9 +133,9 @@ def _optimizer_metadata(engine) -> dict:
     return {}
 
 
-def weights_finite(model: torch.nn.Module) -> bool:
-    """Collective: True when no rank's parameters hold NaN or inf."""
-    checks = [torch.isfinite(p).all() for p in model.parameters()]
+def weights_finite(modules: list[torch.nn.Module]) -> bool:
+    """Collective: True when no rank's parameters (of any of `modules`) hold NaN or inf."""
+    checks = [torch.isfinite(p).all() for module in modules for p in module.parameters()]
     local = bool(torch.stack(checks).all()) if checks else True  # one device sync, not one per tensor
     return not any_rank(not local)
 
@@ -165,14 +165,14 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
     if final.exists():  # on every rank, so none waits at a barrier for a failed one
         raise CheckpointError(f"{final} already exists and belongs to another run history; not replacing it: "
                               "pass --set checkpoint.save=<new run dir>")
-    if not weights_finite(engine.model):
+    if not weights_finite(engine.chunks):
         raise NonFiniteWeightsError(f"the weights at iteration {iteration} hold NaN or inf: not saving them; "
                                     f"the checkpoints in {run_dir} are untouched")
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    model_state = engine.model.module.sharded_state_dict()
+    model_state = engine.sharded_state_dict()
     state = {"model": model_state,
              "optimizer": engine.optimizer.sharded_state_dict(model_state, metadata=_optimizer_metadata(engine))}
     dist_checkpointing.save(state, str(tmp))
@@ -218,7 +218,7 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
     """Collective: load model (+ optimizer, scheduler, RNG) into `engine` under its current TP/PP."""
     path = resolve(checkpoint)
     record = json.loads((path / STATE).read_text())
-    model_state = engine.model.module.sharded_state_dict()
+    model_state = engine.sharded_state_dict()
     request = {"model": model_state}
     if load_optimizer:
         saved_with = record.get("use_distributed_optimizer", False)
@@ -229,7 +229,7 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
         request["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=True,
                                                                    metadata=_optimizer_metadata(engine))
     loaded = _read(request, path)
-    engine.model.module.load_state_dict(loaded["model"])
+    engine.load_state_dict(loaded["model"])
     if load_optimizer:
         engine.optimizer.load_state_dict(loaded["optimizer"])
         engine.scheduler.load_state_dict(record["scheduler"])

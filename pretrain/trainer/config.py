@@ -18,6 +18,7 @@ import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
 from pretrain.experiments.table import model_preset
+from pretrain.trainer.data import check_data_path
 from megatron_ext.positions import PositionConfig
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"
@@ -28,8 +29,15 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 class DataConfig:
     """Where tokens come from: a data_prep output prefix (its manifest), or synthetic tokens."""
 
-    data_path: str | None = None  # data_prep --output-prefix; shards and manifest are found from it
+    # data_prep --output-prefix (shards and manifest are found from it), or a weighted blend of
+    # several, as Megatron's --data-path: [w1, prefix1, w2, prefix2, ...]
+    data_path: str | list | None = None
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
+    # An algorithmic task of pretrain.tasks (copy, reverse, sort, ...): fresh examples every step,
+    # lengths ~ U{task_min_length..task_max_length}, loss on the answer tokens only.
+    task: str | None = None
+    task_min_length: int = 1
+    task_max_length: int = 20
 
 
 @dataclass
@@ -160,20 +168,27 @@ class TrainConfig:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
+        pp = self.parallel.pipeline_model_parallel_size
+        if self.parallel.virtual_pipeline_model_parallel_size is not None and self.num_microbatches(dp) % pp:
+            # Megatron's interleaved schedule runs microbatches in groups of PP per virtual stage.
+            raise ValueError(f"parallel.virtual_pipeline_model_parallel_size needs microbatches per step "
+                             f"({self.num_microbatches(dp)} = global_batch_size / (micro_batch_size × DP)) "
+                             f"to be a multiple of parallel.pipeline_model_parallel_size ({pp})")
         if self.parallel.use_distributed_optimizer and not torch.cuda.is_available():
             raise ValueError("parallel.use_distributed_optimizer=true: Megatron's distributed-optimizer checkpoints "
                              "need Transformer Engine or Apex optimizers (GPU); on CPU set it to false")
         if self.optimizer.lr_warmup_iters >= self.train_iters():
             raise ValueError(f"optimizer.lr_warmup_iters ({self.optimizer.lr_warmup_iters}) must be smaller than the "
                              f"run's {self.train_iters()} iterations; lower it, e.g. --set optimizer.lr_warmup_iters=0")
-        if not self.data.synthetic:
+        if self.data.task:
+            from pretrain.tasks.source import check_task_config
+
+            check_task_config(self.data, self.model)
+        elif not self.data.synthetic:
             if not self.data.data_path:
                 raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "
                                  "(e.g. --set data.data_path=data/owt) or set data.synthetic=true")
-            manifest = Path(f"{self.data.data_path}_manifest.json")
-            if not manifest.is_file():
-                raise ValueError(f"data.data_path={self.data.data_path!r}: no manifest at {manifest}; "
-                                 "run `python -m data_prep build --output-prefix ...` first")
+            check_data_path(self.data.data_path)
 
 
 SECTIONS = {"model": ModelConfig, "parallel": ParallelConfig, "positions": PositionConfig,

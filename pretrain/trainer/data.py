@@ -53,6 +53,49 @@ class SyntheticTokens:
         return {"tokens": tokens[:-1], "labels": tokens[1:], "loss_mask": torch.ones(self.seq_length)}
 
 
+def parse_blend(data_path: str | list) -> list[tuple[float, str]]:
+    """[(weight, prefix)] of data.data_path: one prefix, or Megatron's blend [w1, prefix1, w2, prefix2, ...]."""
+    if isinstance(data_path, str):
+        return [(1.0, data_path)]
+    items = list(data_path)
+    if len(items) == 1 and isinstance(items[0], str):
+        return [(1.0, items[0])]
+    if not items or len(items) % 2:
+        raise ValueError(f"data.data_path={data_path!r}: a blend alternates weights and data_prep prefixes, "
+                         "e.g. [0.7, data/web, 0.3, data/code]")
+    parts = []
+    for raw_weight, prefix in zip(items[::2], items[1::2]):
+        try:
+            weight = float(raw_weight)
+        except (TypeError, ValueError):
+            weight = float("nan")
+        if not 0 < weight < float("inf") or not isinstance(prefix, str):
+            raise ValueError(f"data.data_path: blend entry ({raw_weight!r}, {prefix!r}) needs a positive weight "
+                             "followed by a data_prep prefix, e.g. [0.7, data/web, 0.3, data/code]")
+        parts.append((weight, prefix))
+    return parts
+
+
+def check_data_path(data_path: str | list) -> None:
+    """ValueError naming the fix unless every prefix of data.data_path has a manifest, all with one tokenizer."""
+    from data_prep.manifest import load_manifest, manifest_path
+
+    parts = parse_blend(data_path)
+    for _, prefix in parts:
+        if not Path(manifest_path(prefix)).is_file():
+            raise ValueError(f"data.data_path: no manifest for {prefix!r} at {manifest_path(prefix)}; "
+                             "run `python -m data_prep build --output-prefix ...` first")
+    if len(parts) > 1:
+        manifests = [(prefix, load_manifest(prefix)) for _, prefix in parts]
+        first_prefix, first = manifests[0]
+        for prefix, manifest in manifests[1:]:
+            if (manifest.tokenizer_sha256, manifest.vocab_size, manifest.eod_id) != \
+                    (first.tokenizer_sha256, first.vocab_size, first.eod_id):
+                raise ValueError(f"data.data_path: {prefix!r} was tokenized with {manifest.tokenizer_path} and "
+                                 f"{first_prefix!r} with {first.tokenizer_path} (tokenizer sha256 differs); "
+                                 "blend only data_prep outputs built with the same tokenizer")
+
+
 def check_build(data_path: str, seq_length: int) -> Manifest:
     """The data_prep Manifest of `data_path`, once it holds a training sequence and every shard file it lists
     is there with its recorded size; raises DataError naming the file and the fix."""
@@ -75,20 +118,31 @@ def check_build(data_path: str, seq_length: int) -> Manifest:
     return manifest
 
 
-def build_datasets(data_path: str, seq_length: int, seed: int, num_train: int, num_valid: int,
+def build_datasets(data_path: str | list, seq_length: int, seed: int, num_train: int, num_valid: int,
                    cache_dir: Path) -> tuple[SampleSource, SampleSource | None]:
-    """Megatron GPTDatasets for the train shards and the validation stream of a data_prep build."""
+    """Megatron GPTDatasets (blended by weight for several data_prep outputs): train shards and validation."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    manifest = check_build(data_path, seq_length)
-    has_valid = manifest.num_valid_tokens > seq_length + 1 and num_valid > 0
+    check_data_path(data_path)
+    parts = parse_blend(data_path)
+    manifests = [check_build(prefix, seq_length) for _, prefix in parts]
+    has_valid = num_valid > 0 and all(m.num_valid_tokens > seq_length + 1 for m in manifests)
+    manifest = manifests[0]
     tokenizer = _TokenizerInfo(vocab_size=manifest.vocab_size, eod=manifest.eod_id, pad=manifest.eod_id,
                                unique_identifiers={"tokenizer": manifest.tokenizer_path})
+    if len(parts) == 1:
+        train_blend, valid_blend = (manifest.train_prefixes, None), ([manifest.valid_prefix], None)
+    else:
+        # A prefix's weight is shared by its shards in proportion to their tokens.
+        shards = [(prefix, weight * shard["tokens"] / m.num_tokens)
+                  for (weight, _), m in zip(parts, manifests)
+                  for prefix, shard in zip(m.train_prefixes, m.raw["shards"])]
+        train_blend = ([prefix for prefix, _ in shards], [weight for _, weight in shards])
+        valid_blend = ([m.valid_prefix for m in manifests], [weight for weight, _ in parts])
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length,
-        blend_per_split=[(manifest.train_prefixes, None),
-                         ([manifest.valid_prefix], None) if has_valid else None, None],
+        blend_per_split=[train_blend, valid_blend if has_valid else None, None],
         path_to_cache=str(cache_dir), tokenizer=tokenizer, reset_position_ids=False,
         reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False,
         # one shuffled copy of the shards per epoch; validation stays in stream order

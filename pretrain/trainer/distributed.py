@@ -42,6 +42,7 @@ def initialize(parallel: ParallelConfig, seed: int, timeout_s: float = 600.0) ->
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
         context_parallel_size=parallel.context_parallel_size,
     )
     seed_all(seed)

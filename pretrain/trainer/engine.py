@@ -36,7 +36,7 @@ class StepResult:
 
 
 class Engine:
-    """This rank's model chunk wrapped in Megatron DDP, with optimizer and LR scheduler."""
+    """This rank's model chunks (one per virtual pipeline stage) in Megatron DDP, with optimizer and LR scheduler."""
 
     def __init__(self, model: ModelConfig, parallel: ParallelConfig, optim: OptimizerSettings,
                  train_iters: int, *, per_sample_positions: bool = False) -> None:
@@ -48,17 +48,30 @@ class Engine:
 
         self.model_config = model
         self.parallel = parallel
-        module = build_model(model, parallel,
-                             pre_process=parallel_state.is_pipeline_first_stage(),
-                             post_process=parallel_state.is_pipeline_last_stage(),
-                             per_sample_positions=per_sample_positions)
-        self.config = module.config
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
+            overlap_param_gather=parallel.overlap_param_gather,
             use_distributed_optimizer=parallel.use_distributed_optimizer)
-        self.model = DistributedDataParallel(self.config, ddp_config, module)
+        self.chunks = []  # Megatron's get_model: one model per virtual stage, each in its own DDP
+        for vp_stage in range(parallel.model_chunks):
+            virtual = parallel.virtual_pipeline_model_parallel_size is not None
+            if virtual:
+                parallel_state.set_virtual_pipeline_model_parallel_rank(vp_stage)
+            stage = dict(ignore_virtual=False, vp_stage=vp_stage) if virtual else {}
+            module = build_model(model, parallel,
+                                 pre_process=parallel_state.is_pipeline_first_stage(**stage),
+                                 post_process=parallel_state.is_pipeline_last_stage(**stage),
+                                 per_sample_positions=per_sample_positions, vp_stage=vp_stage if virtual else None)
+            # only the first chunk's buffer is bucketed, as in Megatron's get_model
+            self.chunks.append(DistributedDataParallel(module.config, ddp_config, module,
+                                                       disable_bucketing=vp_stage > 0))
+        if parallel.virtual_pipeline_model_parallel_size is not None:
+            parallel_state.set_virtual_pipeline_model_parallel_rank(0)
+        self.model = self.chunks[0]
+        self.config = self.model.module.config
         self.config.finalize_model_grads_func = finalize_model_grads
-        self.config.no_sync_func = self.model.no_sync
+        no_sync = [chunk.no_sync for chunk in self.chunks]
+        self.config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=optim.lr, min_lr=optim.min_lr,
                             weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
@@ -66,7 +79,7 @@ class Engine:
                             clip_grad=optim.clip_grad, bf16=model.bf16, fp16=False,
                             params_dtype=self.config.params_dtype,
                             use_distributed_optimizer=parallel.use_distributed_optimizer),
-            [self.model])
+            self.chunks)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
             lr_warmup_steps=optim.lr_warmup_iters, lr_decay_steps=max(train_iters, 1),
@@ -78,11 +91,12 @@ class Engine:
         """Forward/backward over `num_microbatches` (any pipeline schedule), then one optimizer step."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        self.model.zero_grad_buffer()
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         forward_step = _ForwardStep(sampler, step, seq_length)
         losses = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=batches, model=[self.model],
+            forward_step_func=forward_step, data_iterator=self._per_chunk(batches), model=self.chunks,
             num_microbatches=num_microbatches, seq_length=seq_length,
             micro_batch_size=micro_batch_size, forward_only=False)
         loss, bad_microbatch = _reduce_loss(losses)
@@ -91,7 +105,7 @@ class Engine:
         # fp16 grad scaler looks for them), so the check is made here, on every rank together.
         if bad_microbatch is not None:
             reason = f"non-finite loss in microbatch {bad_microbatch + 1}/{num_microbatches}"
-        elif not _grads_finite(self.model):
+        elif not _grads_finite(self.chunks):
             reason = "non-finite gradients (every microbatch's loss is finite)"
         else:
             update_successful, grad_norm, _ = self.optimizer.step()
@@ -103,20 +117,49 @@ class Engine:
         return StepResult(loss=loss, grad_norm=float(grad_norm or 0.0), lr=self.optimizer.param_groups[0]["lr"],
                           update_successful=True, loss_scale=loss_scale)
 
+    def _per_chunk(self, batches: Iterator[dict]) -> Iterator[dict] | list[Iterator[dict]]:
+        """The interleaved schedule takes one iterator per chunk; each chunk reads every microbatch."""
+        if len(self.chunks) == 1:
+            return batches
+        microbatches = list(batches)
+        return [iter(microbatches) for _ in self.chunks]
+
+    def sharded_state_dict(self) -> dict:
+        """The model's dist-checkpointing state: one chunk's, or {'chunk<i>': ...} (global tensor keys either way)."""
+        if len(self.chunks) == 1:
+            return self.model.module.sharded_state_dict()
+        return {f"chunk{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(self.chunks)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load what `sharded_state_dict` asked dist_checkpointing for."""
+        if len(self.chunks) == 1:
+            self.model.module.load_state_dict(state)
+        else:
+            for i, chunk in enumerate(self.chunks):
+                chunk.module.load_state_dict(state[f"chunk{i}"])
+
+    def sync_params(self) -> None:
+        """Finish the deferred param all-gather of overlap_param_gather (before saving weights)."""
+        if self.parallel.overlap_param_gather:
+            for chunk in self.chunks:
+                chunk.start_param_sync(force_sync=True)
+
     @torch.no_grad()
     def evaluate(self, batches: Iterator[dict], sampler: PositionSampler, num_microbatches: int,
                  micro_batch_size: int, seq_length: int) -> float:
         """Mean loss over `num_microbatches` with evaluation positions (forward only)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        self.model.eval()
+        for chunk in self.chunks:
+            chunk.eval()
         try:
             losses = get_forward_backward_func()(
-                forward_step_func=_ForwardStep(sampler, None, seq_length), data_iterator=batches,
-                model=[self.model], num_microbatches=num_microbatches, seq_length=seq_length,
+                forward_step_func=_ForwardStep(sampler, None, seq_length), data_iterator=self._per_chunk(batches),
+                model=self.chunks, num_microbatches=num_microbatches, seq_length=seq_length,
                 micro_batch_size=micro_batch_size, forward_only=True)
         finally:
-            self.model.train()
+            for chunk in self.chunks:
+                chunk.train()
         return _reduce_loss(losses)[0]
 
 
@@ -125,20 +168,22 @@ class _ForwardStep:
 
     def __init__(self, sampler: PositionSampler, step: int | None, seq_length: int) -> None:
         self.sampler, self.step, self.seq_length = sampler, step, seq_length
-        self.microbatch = 0  # schedules call forward in microbatch order on every stage
+        # Schedules call each model chunk in microbatch order, so counting per chunk gives every
+        # chunk (virtual stage) the positions of the same microbatch.
+        self.microbatches: dict[int, int] = {}
 
     def __call__(self, data_iterator, model):
         batch = next(data_iterator)
         tokens, labels, loss_mask = batch["tokens"], batch["labels"], batch["loss_mask"]
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         tokens, labels, loss_mask = tokens.to(device), labels.to(device), loss_mask.to(device)
+        microbatch = self.microbatches.get(id(model), 0)
+        self.microbatches[id(model)] = microbatch + 1
         if self.step is None:
             positions = self.sampler.evaluation(tokens.shape[1], device=device)
         else:
-            positions = self.sampler.training(self.step, self.microbatch, tokens.shape[1],
+            positions = self.sampler.training(self.step, microbatch, tokens.shape[1],
                                               batch_size=tokens.shape[0], device=device)
-        microbatch = self.microbatch
-        self.microbatch += 1
         output = model(tokens, positions, None, labels=labels)
 
         def loss_func(output_tensor: torch.Tensor):
@@ -171,9 +216,9 @@ def _reduce_loss(losses: list[dict]) -> tuple[float, int | None]:
     return float(loss.item()), (int(bad) if math.isfinite(bad) else None)
 
 
-def _grads_finite(model) -> bool:
-    """Collective: True when no rank's reduced gradients (DDP main_grad buffers) hold NaN or inf."""
-    checks = [torch.isfinite(p.main_grad).all() for p in model.parameters()
+def _grads_finite(chunks: list) -> bool:
+    """Collective: True when no rank's reduced gradients (DDP main_grad buffers of every chunk) hold NaN or inf."""
+    checks = [torch.isfinite(p.main_grad).all() for chunk in chunks for p in chunk.parameters()
               if p.requires_grad and getattr(p, "main_grad", None) is not None]
     local = bool(torch.stack(checks).all()) if checks else True  # one device sync, not one per tensor
     return not any_rank(not local)

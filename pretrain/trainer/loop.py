@@ -100,7 +100,11 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
 
     gbs, mbs, seq = config.schedule.global_batch_size, config.schedule.micro_batch_size, config.model.seq_length
     eval_batches = config.logging.eval_iters
-    if config.data.synthetic:
+    if config.data.task:
+        from pretrain.tasks.source import task_datasets
+
+        train_data, valid_data = task_datasets(config.data, seq, config.seed)
+    elif config.data.synthetic:
         train_data = SyntheticTokens(config.model.vocab_size, seq, config.seed, total_iters * gbs)
         valid_data = SyntheticTokens(config.model.vocab_size, seq, config.seed + 1, eval_batches * gbs)
     else:
@@ -108,6 +112,7 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                                                 eval_batches * gbs, run_dir / "data_cache")
 
     def save(iteration: int) -> None:
+        engine.sync_params()  # overlap_param_gather defers the last update's all-gather
         checkpoint.save(run_dir, iteration, engine,
                         {"config": to_dict(config), "consumed_samples": iteration * gbs},
                         keep_last=config.checkpoint.keep_last)

@@ -166,6 +166,7 @@ def test_force_rebuilds_everything(corpus, tok_path, tmp_path):
     assert os.path.getmtime(tmp_path / "c_00000_text_document.bin") > t0
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_byte_identical_shards(tok_path, tmp_path):
     docs = make_docs(1500, seed=11, min_words=100, max_words=300)
     src = write_jsonl(str(tmp_path / "big.jsonl"), docs)
@@ -197,6 +198,7 @@ def test_killed_run_resumes_to_byte_identical_shards(tok_path, tmp_path):
     assert output_files(tmp_path / "res") == output_files(tmp_path / "ref")
 
 
+@pytest.mark.slow
 def test_one_and_two_mpi_ranks_write_identical_shards(corpus, tok_path, tmp_path):
     inputs, _ = corpus
     run_build(inputs, tok_path, tmp_path / "r1" / "c", num_shards=3, valid_docs=5, chunk_bytes=2000)
@@ -213,6 +215,7 @@ def test_one_and_two_mpi_ranks_write_identical_shards(corpus, tok_path, tmp_path
     assert load_manifest(str(tmp_path / "r2" / "c")).raw["settings"]["ranks"] == 2
 
 
+@pytest.mark.slow
 def test_inspect_reports_counts_and_detects_a_truncated_bin(corpus, tok_path, tmp_path):
     inputs, _ = corpus
     run_build(inputs, tok_path, tmp_path / "c", num_shards=1, valid_docs=3)

@@ -5,7 +5,7 @@ import sys
 
 import torch.distributed as dist  # noqa: F401  (torchrun sets the env import_hf reads)
 
-from pretrain.hf.export import import_cli
+from pretrain.hf.importer import import_cli
 
 if __name__ == "__main__":
     code = import_cli(sys.argv[1:])

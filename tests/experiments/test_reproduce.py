@@ -59,6 +59,8 @@ def tiny_reproduction(tmp_path_factory):
     return out, first.stdout, second.stdout
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_tiny_reproduction_writes_a_report_whose_table_parses_with_finite_numbers(tiny_reproduction):
     out, _, _ = tiny_reproduction
     rows = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("| ")]
@@ -75,6 +77,8 @@ def test_tiny_reproduction_writes_a_report_whose_table_parses_with_finite_number
         assert (out / name).stat().st_size > 1000
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_rerun_reuses_finished_runs_and_evaluations(tiny_reproduction):
     _, first, second = tiny_reproduction
     for method in PRESETS["cpu-tiny"].methods:

@@ -14,6 +14,8 @@ from conftest import REPO, TINY_TRAIN, run_train
 from pretrain.evaluation.cli import eval_cli
 from pretrain.experiments.runs import discover, main as runs_main
 
+pytestmark = [pytest.mark.slow]  # real training processes
+
 ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
 
 

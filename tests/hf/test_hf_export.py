@@ -5,7 +5,9 @@ import torch
 
 from megatron_ext.model import build_model
 from pretrain.experiments.table import model_preset
-from pretrain.hf.export import hf_logits, llama_config, megatron_to_llama, merge_qkv, split_qkv
+from pretrain.hf import hf_logits
+from pretrain.hf.export import llama_config, megatron_to_llama
+from pretrain.hf.weight_map import merge_qkv, split_qkv
 
 B, S = 2, 32
 

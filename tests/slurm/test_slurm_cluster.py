@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # real SLURM daemons; minutes
+
 REPO = Path(__file__).resolve().parents[2]
 SLURM = REPO / "slurm"
 LOCAL_DIR = os.environ.get("SLURM_LOCAL_DIR", "/var/lib/slurm-local")

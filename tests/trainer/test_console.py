@@ -99,6 +99,7 @@ def test_tokens_per_second_and_mfu_are_reported_on_cpu(tiny_run):
     assert all(0 < v < 1 for v in tensorboard_scalars(run_dir, "perf/mfu").values())
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_demo_sized_run_shows_no_warning_and_ends_with_the_table_and_the_plot_path(tmp_path):
     """~90 s: the demo on the cpu-tiny preset."""

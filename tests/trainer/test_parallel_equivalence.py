@@ -4,6 +4,8 @@ import pytest
 
 from conftest import run_torchrun
 
+pytestmark = [pytest.mark.slow]  # torchrun TP/PP/DP layouts
+
 SCRIPT = "tests/distributed/parallel_step.py"
 TOLERANCE = 1e-5
 

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import REPO, TINY_TRAIN, run_train, tensorboard_scalars
 
+pytestmark = [pytest.mark.slow]  # training subprocesses, torchrun layouts
+
 
 def test_tiny_model_trains_on_data_prep_shards_and_loss_decreases(tiny_shards, tmp_path):
     run_train([*TINY_TRAIN, f"data.data_path={tiny_shards}", "schedule.train_iters=30",

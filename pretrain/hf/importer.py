@@ -1,0 +1,214 @@
+"""Hugging Face import: a Llama-family directory -> our checkpoint (iteration 0) under any TP/PP.
+
+Everything that can be wrong with the input (config.json, an architecture we cannot express,
+missing or truncated safetensors) is found before anything is written. The run directory is
+built next to the target (`<output>.tmp-import`) and swapped in only when complete, so
+`--overwrite` never costs the old run on a bad input.
+
+The run keeps the HF tokenizer files (and generation_config.json) unchanged in `tokenizer/`
+and records the special-token ids, so `export-hf` of the run ships them bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_ext.model import ModelConfig
+from pretrain.hf.export import check_output, publish
+from pretrain.hf.rope import rope_from_hf_config
+from pretrain.hf.tokenizer import TOKENIZER_FILES, copy_tokenizer_files
+from pretrain.hf.weight_map import hf_to_megatron_names, shard_for_rank
+
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of an HF directory (model.safetensors or its sharded index); ValueError names a bad file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    hf_dir = Path(hf_dir)
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (hf_dir / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json "
+                                "(PyTorch .bin checkpoints are not read; re-save with safetensors)")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        path = hf_dir / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: listed in model.safetensors.index.json but missing; "
+                                    "download the complete model")
+        try:
+            state.update(load_file(str(path)))
+        except SafetensorError as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ValueError(f"{path}: truncated or corrupt safetensors file ({reason}); download it again "
+                             "or re-save the model with save_pretrained") from error
+    return state
+
+
+def model_config_from_llama(hf_config, *, seq_length: int | None = None,
+                            make_vocab_size_divisible_by: int = 128) -> ModelConfig:
+    """Our ModelConfig for a Llama-family config; refuses what our architecture cannot express."""
+    get = (hf_config.get if isinstance(hf_config, dict) else lambda k, d=None: getattr(hf_config, k, d))
+    problems = []
+    if get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={get('hidden_act')!r} (need silu: SwiGLU)")
+    if get("attention_bias", False) or get("mlp_bias", False):
+        problems.append("linear biases (attention_bias/mlp_bias)")
+    if get("sliding_window") not in (None, 0) and get("use_sliding_window", True):
+        problems.append(f"sliding_window={get('sliding_window')}")
+    theta, kind = rope_from_hf_config(get)
+    if kind != "none":
+        problems.append(f"rope scaling {kind!r} (import the unscaled model; set positions.rope_scaling "
+                        "for evaluation instead)")
+    if problems:
+        raise ValueError("cannot import: " + "; ".join(problems))
+    heads = int(get("num_attention_heads"))
+    return ModelConfig(
+        num_layers=int(get("num_hidden_layers")), hidden_size=int(get("hidden_size")),
+        ffn_hidden_size=int(get("intermediate_size")), num_attention_heads=heads,
+        num_query_groups=int(get("num_key_value_heads") or heads),
+        kv_channels=int(get("head_dim") or int(get("hidden_size")) // heads),
+        seq_length=int(seq_length or get("max_position_embeddings")), vocab_size=int(get("vocab_size")),
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by, rotary_base=theta,
+        rotary_interleaved=False, layernorm_epsilon=float(get("rms_norm_eps")),
+        init_method_std=float(get("initializer_range", 0.02)),
+        untie_embeddings_and_output_weights=not bool(get("tie_word_embeddings", False)))
+
+
+def _tokenizer_record(hf_dir: Path, hf_config: dict, output: Path) -> dict[str, Any]:
+    """train_state entries for the HF tokenizer files the run keeps (final paths under output/tokenizer)."""
+    names = [n for n in TOKENIZER_FILES if (hf_dir / n).is_file()]
+    record: dict[str, Any] = {"hf_token_ids": {k: hf_config.get(k) for k in SPECIAL_TOKEN_IDS}}
+    if names:
+        record["hf_tokenizer_dir"] = str((output / "tokenizer").resolve())
+    for usable in ("tokenizer.json", "tokenizer.model"):  # what data_prep can load for fine-tuning
+        if usable in names:
+            record["tokenizer_path"] = str((output / "tokenizer" / usable).resolve())
+            break
+    return record
+
+
+def _copy_side_files(hf_dir: Path, target: Path) -> None:
+    copy_tokenizer_files(hf_dir, target)
+    if (hf_dir / "generation_config.json").is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(hf_dir / "generation_config.json", target / "generation_config.json")
+
+
+def import_hf(hf_dir: str | Path, output: str | Path, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+              seq_length: int | None = None, overrides: list[str] | None = None, seed: int = 1234,
+              overwrite: bool = False) -> Path:
+    """Collective: write a Llama-family HF directory as our checkpoint (iteration 0) under TP/PP."""
+    import torch.distributed as dist
+
+    from pretrain.trainer import checkpoint as ckpt
+    from pretrain.trainer import config as config_module
+    from pretrain.trainer import distributed
+    from pretrain.trainer.engine import Engine
+
+    hf_dir, output = Path(hf_dir), Path(output)
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir}: no config.json (expected a Hugging Face model directory)")
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    model_config = model_config_from_llama(hf_config, seq_length=seq_length)
+    raw = {"name": output.name, "seed": seed, "model": config_module.plain_fields(model_config),
+           "parallel": {"tensor_model_parallel_size": tensor_parallel,
+                        "pipeline_model_parallel_size": pipeline_parallel},
+           "checkpoint": {"load": str(output)}}
+    train_config = config_module.from_dict(config_module.apply_overrides(raw, overrides or []))
+    train_config.parallel.check_model(train_config.model)
+    check_output(output, overwrite)
+    # Every rank reads (and so validates) the weights before any directory is touched.
+    full = hf_to_megatron_names(read_hf_weights(hf_dir), train_config.model,
+                                train_config.model.padded_vocab_size(tensor_parallel))
+
+    owns_world = not dist.is_initialized()
+    if owns_world:
+        distributed.initialize(train_config.parallel, seed)
+    tmp = output.with_name(output.name + ".tmp-import")
+    try:
+        from megatron.core import parallel_state as ps
+
+        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != \
+                (tensor_parallel, pipeline_parallel):
+            raise RuntimeError(f"the process groups are TP={ps.get_tensor_model_parallel_world_size()}/"
+                               f"PP={ps.get_pipeline_model_parallel_world_size()}, not the requested "
+                               f"TP={tensor_parallel}/PP={pipeline_parallel}")
+        engine = Engine(train_config.model, train_config.parallel, train_config.optimizer, train_iters=1)
+        module = engine.model.module
+        local_names = [k for k, v in module.state_dict().items() if torch.is_tensor(v) and "_extra_state" not in k]
+        layers_per_stage = train_config.model.num_layers // pipeline_parallel
+        local = shard_for_rank(full, local_names, train_config.model, tp_rank=ps.get_tensor_model_parallel_rank(),
+                               tp_size=tensor_parallel,
+                               first_layer=ps.get_pipeline_model_parallel_rank() * layers_per_stage)
+        with torch.no_grad():
+            for name, tensor in module.state_dict().items():
+                if name in local:
+                    if tensor.shape != local[name].shape:
+                        raise ValueError(f"{name}: HF weight gives shape {tuple(local[name].shape)}, "
+                                         f"the model expects {tuple(tensor.shape)}")
+                    tensor.copy_(local[name].to(tensor.dtype))
+        if hasattr(engine.optimizer, "reload_model_params"):
+            engine.optimizer.reload_model_params()  # fp32 main copies of bf16 weights
+        state = {"config": config_module.to_dict(train_config), "consumed_samples": 0,
+                 "imported_from": str(hf_dir.resolve()), **_tokenizer_record(hf_dir, hf_config, output)}
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            _copy_side_files(hf_dir, tmp / "tokenizer")
+        dist.barrier()
+        ckpt.save(tmp, 0, engine, state, keep_last=1)
+        if dist.get_rank() == 0:
+            (tmp / "config.yaml").write_text(config_module.dump(train_config))
+            publish(tmp, output)
+        dist.barrier()
+    except BaseException:
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if owns_world:
+            distributed.destroy()
+    return output
+
+
+def import_cli(argv: list[str]) -> int:
+    """`python -m pretrain import-hf`: Llama-family HF directory -> our checkpoint (torchrun for TP×PP > 1)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pretrain import-hf", description=import_cli.__doc__)
+    parser.add_argument("--hf", required=True, help="Hugging Face model directory (config.json + safetensors)")
+    parser.add_argument("--output", required=True, help="run directory to write the iteration-0 checkpoint to")
+    parser.add_argument("--tensor-model-parallel-size", "--tp", type=int, default=1)
+    parser.add_argument("--pipeline-model-parallel-size", "--pp", type=int, default=1)
+    parser.add_argument("--seq-length", type=int, help="training window (default: max_position_embeddings)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override recorded with the checkpoint, e.g. positions.strategy=posaug")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty output (only once the new checkpoint is complete)")
+    args = parser.parse_args(argv)
+    try:
+        path = import_hf(args.hf, args.output, tensor_parallel=args.tensor_model_parallel_size,
+                         pipeline_parallel=args.pipeline_model_parallel_size, seq_length=args.seq_length,
+                         overrides=args.overrides, seed=args.seed, overwrite=args.overwrite)
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as error:
+        print(f"import-hf: error: {error}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"wrote {path}; fine-tune with: python -m pretrain train --config {path}/config.yaml "
+              f"--set checkpoint.load={path} --set checkpoint.save=<new run dir> --set positions.strategy=posaug")
+    return 0

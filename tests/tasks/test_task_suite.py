@@ -1,0 +1,66 @@
+"""`python -m pretrain reproduce --suite tasks`: end to end at cpu-tiny, resumable; config checks.
+
+Runtime: ~1 CPU-minute (8 tiny trainings of 3 steps, each its own process; minutes of wall time on a
+loaded machine), the config tests < 1 s.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrain.trainer import config as config_module
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def reproduce_tasks(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--suite", "tasks", "--preset", "cpu-tiny",
+                           "--output", str(out), *extra], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1500)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
+    first = reproduce_tasks(tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["methods"] == ["rope", "posaug", "rfs", "rpe", "warp", "nope", "alibi", "rfs_alibi"]
+    for record in results["records"]:
+        assert [r["length"] for r in record["lengths"]] == list(range(1, 13))
+        assert all(0.0 <= r["accuracy"] <= 1.0 for r in record["lengths"])
+        assert [r["seen"] for r in record["lengths"]] == [True] * 3 + [False] * 9
+    report = (tmp_path / "report.md").read_text()
+    assert "| copy |" in report and (tmp_path / "accuracy_copy.png").stat().st_size > 0
+    again = reproduce_tasks(tmp_path)
+    assert again.returncode == 0 and "to train" not in again.stdout and "[eval" not in again.stdout
+
+
+def test_unknown_method_is_one_line_and_exit_code_2(tmp_path):
+    proc = reproduce_tasks(tmp_path, "--methods", "rope", "kerple")
+    assert proc.returncode == 2 and "kerple" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def task_config(**data):
+    return config_module.from_dict({"preset": "tiny", "model": {"seq_length": 24, "vocab_size": 64},
+                                    "data": {"task": "copy", "task_max_length": 10, **data},
+                                    "schedule": {"train_iters": 2, "global_batch_size": 2, "micro_batch_size": 2}})
+
+
+def test_a_task_config_validates_without_data_path():
+    task_config().validate(world_size=1)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"task": "parity"}, "data.task='parity' is not a task"),
+    ({"task_max_length": 30}, "model.seq_length >= 64"),
+    ({"task_min_length": 0}, "1 <= min <= max"),
+])
+def test_bad_task_settings_name_the_field_and_fix(data, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
+        task_config(**data).validate(world_size=1)
