@@ -194,8 +194,8 @@ def test_crafted_rng_pickle_is_never_executed(run_dir, tmp_path):
     with pytest.raises(pickle.UnpicklingError):  # the payload is live: a weights_only=False load would run it
         torch.load(run_dir / "iter_0000004" / "rng" / "rank_00000.pt", weights_only=True)
     proc = train(run_dir, 6)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert not marker.exists()
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "not unpickling it" in proc.stderr
 
 
