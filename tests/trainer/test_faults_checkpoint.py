@@ -1,7 +1,8 @@
 """Damaged run directories: resume trusts intact iter_* dirs over the marker, refuses what it cannot use
 with one line (exit 2), never replaces another run's checkpoints, locks the run directory, never unpickles.
 
-Real `python -m pretrain train` runs of the tiny preset on synthetic tokens, ~10 s each; the module ~3 min.
+Real `python -m pretrain train` runs of the tiny preset on synthetic tokens: the exit-2 cases ~5 s CPU each
+(they stop before the model is built), the resuming ones (marked slow) ~10 s; the shared fixture run ~10 s.
 """
 
 import json
@@ -55,6 +56,7 @@ def run_dir(finished_run, tmp_path):
     return copy
 
 
+@pytest.mark.slow  # resumes and trains
 @pytest.mark.parametrize("marker", ["missing", "empty"])
 def test_marker_is_a_hint_resume_takes_the_newest_intact_checkpoint(run_dir, marker):
     latest = run_dir / "latest_checkpointed_iteration.txt"
@@ -64,16 +66,14 @@ def test_marker_is_a_hint_resume_takes_the_newest_intact_checkpoint(run_dir, mar
     assert "resumed from iteration 4" in proc.stdout
     assert f"latest_checkpointed_iteration.txt is {marker}" in proc.stdout
     assert latest.read_text() == "6"
-
-
+@pytest.mark.slow  # resumes and trains
 def test_marker_naming_a_deleted_checkpoint_falls_back_to_the_newest_intact_one(run_dir):
     shutil.rmtree(run_dir / "iter_0000004")
     proc = train(run_dir, 4)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "names iteration 4; the newest intact checkpoint is 2" in proc.stdout
     assert "resumed from iteration 2" in proc.stdout
-
-
+@pytest.mark.slow  # resumes and trains
 def test_truncated_latest_checkpoint_falls_back_and_is_kept_aside(run_dir):
     truncate(run_dir / "iter_0000004" / "__0_0.distcp")
     proc = train(run_dir, 4)
@@ -104,8 +104,7 @@ def test_empty_marker_without_any_checkpoint_exits_2(tmp_path):
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("")
     line = one_error_line(train(tmp_path, 4))
     assert "latest_checkpointed_iteration.txt is empty" in line and "checkpoint.save=" in line
-
-
+@pytest.mark.slow  # resumes and trains
 def test_overwrite_true_clears_a_run_dir_that_holds_only_damaged_checkpoints(run_dir):
     shutil.rmtree(run_dir / "iter_0000002")
     truncate(run_dir / "iter_0000004" / "__0_0.distcp")
@@ -113,14 +112,12 @@ def test_overwrite_true_clears_a_run_dir_that_holds_only_damaged_checkpoints(run
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed" not in proc.stdout and "deleted the damaged checkpoints (iter_0000004)" in proc.stdout
     assert sorted(p.name for p in run_dir.glob("iter_*")) == ["iter_0000002", "iter_0000004"]
-
-
+@pytest.mark.slow  # resumes and trains
 def test_overwrite_true_never_deletes_an_intact_checkpoint(run_dir):
     proc = train(run_dir, 6, "checkpoint.overwrite=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from iteration 4" in proc.stdout
-
-
+@pytest.mark.slow  # a first run trains in the background
 def test_second_run_on_a_locked_run_dir_exits_2_naming_the_holder(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     first = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *RUN, "schedule.train_iters=100000",
@@ -168,8 +165,7 @@ def _make_legacy(checkpoint_dir, rng_state=None) -> None:
                                 np_["has_gauss"], np_["cached_gaussian"]))
         del rng_state["format"]
     torch.save(rng_state, rng_file)
-
-
+@pytest.mark.slow  # resumes and trains
 def test_checkpoint_from_before_completeness_records_and_tensor_rng_still_resumes(run_dir):
     _make_legacy(run_dir / "iter_0000004")
     proc = train(run_dir, 6)
@@ -186,8 +182,7 @@ class _Payload:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
-
-
+@pytest.mark.slow  # resumes and trains
 def test_crafted_rng_pickle_is_never_executed(run_dir, tmp_path):
     marker = tmp_path / "pwned"
     _make_legacy(run_dir / "iter_0000004", {"torch": _Payload(marker)})
