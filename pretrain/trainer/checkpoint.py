@@ -1,21 +1,27 @@
-"""Megatron-Core distributed checkpoints: atomic save, keep-last-K, resume under any TP/PP.
+"""Megatron-Core distributed checkpoints: atomic verified save, keep-last-K, resume under any TP/PP.
 
 Layout of a run directory:
 
+    <save>/.lock                              flock held by rank 0 for a run's life (PID and host inside)
     <save>/config.yaml                        resolved config of the run
-    <save>/latest_checkpointed_iteration.txt  written last, by rename: never names a partial save
+    <save>/latest_checkpointed_iteration.txt  a hint for Megatron tools; resume trusts the iter_* dirs
     <save>/iter_0000100/                      dist_checkpointing files (model + optimizer),
-        train_state.json                      iteration, consumed samples, scheduler, layout, config
-        rng/rank_00000.pt                     per-rank RNG states (restored when the layout is unchanged)
+        rng/rank_00000.pt                     per-rank RNG states as plain tensors (weights_only loads)
+        train_state.json                      written last: iteration, consumed samples, scheduler,
+                                              layout, config, and "files": bytes + sha256 of every file
 
-A save goes to `iter_N.tmp` first and is renamed when every rank has finished writing, so a
-crash mid-save leaves the previous checkpoint as "latest".
+A save goes to `iter_N.tmp` and is renamed when every rank has finished writing and
+train_state.json records the size and checksum of each file, so a crash mid-save leaves the
+previous checkpoints untouched. Which checkpoint is intact, and which one a run resumes from,
+is decided in `pretrain.trainer.run_dir` (re-exported here). Weights holding NaN/inf are never saved.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -24,42 +30,17 @@ import numpy
 import torch
 import torch.distributed as dist
 
-LATEST = "latest_checkpointed_iteration.txt"
+from pretrain.trainer.run_dir import (LATEST, STATE, CheckpointError,  # noqa: F401 (re-exported)
+                                      DamagedCheckpointError, Resume, RunLock, any_rank, checkpoints, file_record,
+                                      iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
+                                      read_train_state, resolve, set_aside_newer, verify)
+
+RNG_FORMAT = 2  # before: random/numpy getstate() tuples (numpy arrays need Megatron's safe globals)
+log = logging.getLogger("pretrain.checkpoint")
 
 
-def iteration_dir(run_dir: Path, iteration: int) -> Path:
-    """Directory of one checkpoint."""
-    return Path(run_dir) / f"iter_{iteration:07d}"
-
-
-def latest_iteration(run_dir: str | Path) -> int | None:
-    """Iteration of the newest complete checkpoint in `run_dir`, or None."""
-    marker = Path(run_dir) / LATEST
-    if not marker.is_file():
-        return None
-    iteration = int(marker.read_text().strip())
-    return iteration if iteration_dir(Path(run_dir), iteration).is_dir() else None
-
-
-def resolve(path: str | Path) -> Path:
-    """A checkpoint directory from a run directory (its latest) or an iter_* directory."""
-    path = Path(path)
-    if (path / "train_state.json").is_file():
-        return path
-    iteration = latest_iteration(path)
-    if iteration is None:
-        raise FileNotFoundError(f"{path} holds no complete checkpoint (no {LATEST} and no train_state.json); "
-                                "pass a run directory written by `python -m pretrain train` or one of its iter_* dirs")
-    return iteration_dir(path, iteration)
-
-
-def read_train_state(checkpoint: str | Path) -> dict:
-    """The JSON side of a checkpoint: iteration, consumed samples, scheduler, layout, config."""
-    return json.loads((resolve(checkpoint) / "train_state.json").read_text())
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+class NonFiniteWeightsError(RuntimeError):
+    """The model holds NaN/inf weights: such a state is never written as a checkpoint."""
 
 
 def _barrier() -> None:
@@ -67,23 +48,74 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# ------------------------------------------------------------------------------ RNG states
+
+
 def _rng_state() -> dict:
+    """Every RNG stream as tensors and numbers, so the file loads with weights_only=True."""
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    return {"python": random.getstate(), "numpy": numpy.random.get_state(), "torch": torch.get_rng_state(),
+    py_version, py_state, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = numpy.random.get_state()
+    return {"format": RNG_FORMAT,
+            "python": {"version": py_version, "state": torch.tensor(py_state, dtype=torch.int64),
+                       "gauss_next": py_gauss},
+            "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(numpy.int64)), "pos": int(np_pos),
+                      "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
+            "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-            "tracker": get_cuda_rng_tracker().get_states()}
+            "tracker": dict(get_cuda_rng_tracker().get_states())}
 
 
 def _set_rng_state(state: dict) -> None:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    random.setstate(state["python"])
-    numpy.random.set_state(state["numpy"])
+    py, np_ = state["python"], state["numpy"]
+    if state.get("format") == RNG_FORMAT:
+        py = (py["version"], tuple(py["state"].tolist()), py["gauss_next"])
+        np_ = (np_["name"], np_["keys"].numpy().astype(numpy.uint32), np_["pos"], np_["has_gauss"],
+               np_["cached_gaussian"])
+    # else a file saved before RNG_FORMAT: the getstate() tuples themselves, which weights_only loads
+    # accept through the numpy globals megatron.core registers as safe (megatron/core/safe_globals.py)
+    random.setstate(py)
+    numpy.random.set_state(np_)
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
     get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _restore_rng(rng_file: Path) -> None:
+    """Restore this rank's RNG streams; a file the weights_only loader refuses is never unpickled."""
+    try:
+        state = torch.load(rng_file, weights_only=True)
+    except pickle.UnpicklingError as refused:
+        if _rank() == 0:
+            reason = str(refused).split("WeightsUnpickler error: ")[-1].splitlines()[0]
+            log.warning(f"{rng_file} holds objects a weights_only load refuses ({reason}); not unpickling it: RNG "
+                        "streams continue from the seed, model and optimizer are restored")
+        return
+    except (OSError, RuntimeError, EOFError) as error:
+        raise DamagedCheckpointError(f"{rng_file} is unreadable ({type(error).__name__}: {error})") from None
+    _set_rng_state(state)
+
+
+# ------------------------------------------------------------------------------ save / load
 
 
 def _layout() -> dict:
@@ -101,12 +133,41 @@ def _optimizer_metadata(engine) -> dict:
     return {}
 
 
+def weights_finite(modules: list[torch.nn.Module]) -> bool:
+    """Collective: True when no rank's parameters (of any of `modules`) hold NaN or inf."""
+    checks = [torch.isfinite(p).all() for module in modules for p in module.parameters()]
+    local = bool(torch.stack(checks).all()) if checks else True  # one device sync, not one per tensor
+    return not any_rank(not local)
+
+
+def _files_record(tmp: Path) -> dict:
+    """Collective: size + sha256 of every file in `tmp`, hashed by all ranks in turn."""
+    names = [sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())] if _rank() == 0 else [None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(names, src=0)
+        world = dist.get_world_size()
+    else:
+        world = 1
+    mine = {name: file_record(tmp / name) for name in names[0][_rank()::world]}
+    parts = [mine]
+    if world > 1:
+        parts = [None] * world
+        dist.all_gather_object(parts, mine)
+    return {name: part[name] for part in parts for name in part}
+
+
 def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int) -> Path:
     """Collective: write checkpoint `iteration` atomically, then prune to the newest `keep_last`."""
     from megatron.core import dist_checkpointing
 
     run_dir = Path(run_dir)
     final, tmp = iteration_dir(run_dir, iteration), Path(f"{iteration_dir(run_dir, iteration)}.tmp")
+    if final.exists():  # on every rank, so none waits at a barrier for a failed one
+        raise CheckpointError(f"{final} already exists and belongs to another run history; not replacing it: "
+                              "pass --set checkpoint.save=<new run dir>")
+    if not weights_finite(engine.chunks):
+        raise NonFiniteWeightsError(f"the weights at iteration {iteration} hold NaN or inf: not saving them; "
+                                    f"the checkpoints in {run_dir} are untouched")
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -118,16 +179,17 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
     (tmp / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / "rng" / f"rank_{_rank():05d}.pt")
     _barrier()
+    files = _files_record(tmp)
     if _rank() == 0:
         record = dict(train_state, iteration=iteration, scheduler=engine.scheduler.state_dict(), layout=_layout(),
-                      use_distributed_optimizer=engine.parallel.use_distributed_optimizer)
-        (tmp / "train_state.json").write_text(json.dumps(record, indent=1, default=str))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        marker = run_dir / LATEST
+                      use_distributed_optimizer=engine.parallel.use_distributed_optimizer, files=files)
+        _write_durably(tmp / STATE, json.dumps(record, indent=1, default=str))
+        os.replace(tmp, final)  # the commit point: an iter_* directory is complete by construction
+        _fsync_dir(run_dir)
         marker_tmp = run_dir / f"{LATEST}.tmp"
-        marker_tmp.write_text(str(iteration))
-        os.replace(marker_tmp, marker)  # the commit point
+        _write_durably(marker_tmp, str(iteration))
+        os.replace(marker_tmp, run_dir / LATEST)
+        _fsync_dir(run_dir)
         _prune(run_dir, keep_last)
     _barrier()
     return final
@@ -136,28 +198,37 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
 def _prune(run_dir: Path, keep_last: int) -> None:
     for stale in run_dir.glob("iter_*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
-    complete = sorted(p for p in run_dir.glob("iter_*") if p.is_dir() and (p / "train_state.json").is_file())
-    for old in complete[:-keep_last]:
+    for _, old in checkpoints(run_dir)[keep_last:]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _read(request: dict, path: Path) -> dict:
+    """dist_checkpointing.load, its failures on damaged files turned into one DamagedCheckpointError."""
+    from megatron.core import dist_checkpointing
+
+    try:
+        return dist_checkpointing.load(request, str(path))
+    except Exception as error:  # torch/Megatron raise many types for a truncated or missing file
+        detail = str(error).splitlines()[0] if str(error).strip() else "no detail"
+        raise DamagedCheckpointError(f"checkpoint {path} cannot be read ({type(error).__name__}: {detail}): its "
+                                     "files are damaged, or it was saved with another model config") from None
 
 
 def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict:
     """Collective: load model (+ optimizer, scheduler, RNG) into `engine` under its current TP/PP."""
-    from megatron.core import dist_checkpointing
-
     path = resolve(checkpoint)
-    record = json.loads((path / "train_state.json").read_text())
+    record = json.loads((path / STATE).read_text())
     model_state = engine.sharded_state_dict()
     request = {"model": model_state}
     if load_optimizer:
         saved_with = record.get("use_distributed_optimizer", False)
         if saved_with != engine.parallel.use_distributed_optimizer:
-            raise ValueError(
+            raise CheckpointError(
                 f"{path} was saved with parallel.use_distributed_optimizer={str(saved_with).lower()}; resume with the "
                 "same setting, or start a new run from its weights with checkpoint.load=<that checkpoint>")
         request["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=True,
                                                                    metadata=_optimizer_metadata(engine))
-    loaded = dist_checkpointing.load(request, str(path))
+    loaded = _read(request, path)
     engine.load_state_dict(loaded["model"])
     if load_optimizer:
         engine.optimizer.load_state_dict(loaded["optimizer"])
@@ -165,15 +236,29 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
         rng_file = path / "rng" / f"rank_{_rank():05d}.pt"
         # RNG streams are per rank: only meaningful when the layout is the one that saved them.
         if record.get("layout") == _layout() and rng_file.is_file():
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+            _restore_rng(rng_file)
     return record
+
+
+def load_newest(resume: Resume, engine) -> tuple[Path, dict, list[str]]:
+    """Collective: load the newest candidate that every rank can read; (its path, train state, notes)."""
+    notes = []
+    for path in resume.candidates:
+        try:
+            record, error = load(path, engine), None
+        except DamagedCheckpointError as damaged:
+            record, error = None, str(damaged)
+        if not any_rank(error is not None):
+            return path, record, notes
+        notes.append(f"skipping {path}: {error or 'another rank could not read it'}")
+    raise CheckpointError(f"no checkpoint in {resume.candidates[0].parent} loads ({'; '.join(notes)}); if the "
+                          "model config changed, pass --set checkpoint.save=<new run dir> (and checkpoint.load=<one "
+                          "of them> to start from its weights)")
 
 
 def load_model_weights(checkpoint: str | Path, model) -> dict:
     """Load only the model weights of a checkpoint into a bare FloatPositionGPTModel (any TP/PP saved)."""
-    from megatron.core import dist_checkpointing
-
     path = resolve(checkpoint)
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
+    loaded = _read({"model": model.sharded_state_dict()}, path)
     model.load_state_dict(loaded["model"])
-    return json.loads((path / "train_state.json").read_text())
+    return json.loads((path / STATE).read_text())

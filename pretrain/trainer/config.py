@@ -53,6 +53,9 @@ class OptimizerSettings:
     clip_grad: float = 1.0
     lr_warmup_iters: int = 0
     lr_decay_style: str = "cosine"
+    # An iteration whose loss or gradients hold NaN/inf applies no update (Megatron's "skipped
+    # iteration"); this many in a row stop the run before anything non-finite is saved.
+    max_consecutive_skipped_iters: int = 3
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
@@ -63,6 +66,9 @@ class OptimizerSettings:
                              f"(got {self.lr_decay_style!r})")
         if self.lr_warmup_iters < 0:
             raise ValueError(f"optimizer.lr_warmup_iters must be >= 0 (got {self.lr_warmup_iters})")
+        if self.max_consecutive_skipped_iters < 1:
+            raise ValueError(f"optimizer.max_consecutive_skipped_iters must be >= 1 (1 stops at the first skipped "
+                             f"iteration; got {self.max_consecutive_skipped_iters})")
 
 
 @dataclass
@@ -90,6 +96,9 @@ class CheckpointConfig:
     save_interval: int = 1000
     keep_last: int = 3
     load: str | None = None  # initialise from this checkpoint dir when `save` has none yet
+    # `save` holds only a damaged/abandoned run (no intact checkpoint): delete it and start over
+    # instead of refusing. Intact checkpoints are never deleted: a run with them always resumes.
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if self.save_interval < 1 or self.keep_last < 1:

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from data_prep.manifest import Manifest
+
+
+class DataError(ValueError):
+    """A data_prep build that cannot feed this run; the message names it and the fix."""
 
 
 class SampleSource(Protocol):
@@ -89,20 +96,37 @@ def check_data_path(data_path: str | list) -> None:
                                  "blend only data_prep outputs built with the same tokenizer")
 
 
+def check_build(data_path: str, seq_length: int) -> Manifest:
+    """The data_prep Manifest of `data_path`, once it holds a training sequence and every shard file it lists
+    is there with its recorded size; raises DataError naming the file and the fix."""
+    from data_prep.manifest import load_manifest, manifest_path
+
+    try:
+        manifest = load_manifest(data_path)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(f"data.data_path={data_path!r}: its manifest {manifest_path(data_path)} is unreadable "
+                        f"({type(error).__name__}: {error}); rebuild it with `python -m data_prep build ... "
+                        f"--output-prefix {data_path}`") from None
+    if manifest.num_tokens < seq_length + 1:
+        raise DataError(f"data.data_path={data_path!r} holds {manifest.num_tokens} training tokens, fewer than one "
+                        f"sequence (model.seq_length + 1 = {seq_length + 1}); build it from more text, or lower "
+                        "model.seq_length")
+    try:
+        manifest.verify_shards()  # sizes only: hashing every shard at each start would cost minutes
+    except ValueError as error:
+        raise DataError(f"data.data_path={data_path!r}: {error}") from None
+    return manifest
+
+
 def build_datasets(data_path: str | list, seq_length: int, seed: int, num_train: int, num_valid: int,
                    cache_dir: Path) -> tuple[SampleSource, SampleSource | None]:
     """Megatron GPTDatasets (blended by weight for several data_prep outputs): train shards and validation."""
-    from data_prep.manifest import load_manifest
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     check_data_path(data_path)
     parts = parse_blend(data_path)
-    manifests = [load_manifest(prefix) for _, prefix in parts]
-    for (_, prefix), manifest in zip(parts, manifests):
-        if manifest.num_tokens <= seq_length:
-            raise ValueError(f"data.data_path={prefix!r} holds only {manifest.num_tokens} training tokens; "
-                             f"need more than model.seq_length={seq_length}")
+    manifests = [check_build(prefix, seq_length) for _, prefix in parts]
     has_valid = num_valid > 0 and all(m.num_valid_tokens > seq_length + 1 for m in manifests)
     manifest = manifests[0]
     tokenizer = _TokenizerInfo(vocab_size=manifest.vocab_size, eod=manifest.eod_id, pad=manifest.eod_id,

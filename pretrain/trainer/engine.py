@@ -10,6 +10,7 @@ the full-length positions, and the loss is reduced over the CP group (megatron_e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -20,20 +21,22 @@ from megatron_ext import context_parallel
 from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
 from pretrain.trainer.config import OptimizerSettings
+from pretrain.trainer.run_dir import any_rank
 
 
 @dataclass
 class StepResult:
-    """What one optimizer step reports (loss averaged over microbatches and DP ranks)."""
+    """What one optimizer step reports (loss averaged over microbatches and DP ranks).
+
+    A step whose loss or gradients hold NaN/inf applies no update (update_successful=False, as
+    Megatron's optimizer reports a loss-scale overflow) and leaves the LR schedule where it was."""
 
     loss: float
     grad_norm: float
     lr: float
     update_successful: bool
-
-
-class NonFiniteLossError(RuntimeError):
-    """A microbatch produced a NaN or infinite loss."""
+    loss_scale: float = 1.0
+    skip_reason: str | None = None  # why the update was skipped, naming the microbatch when one is known
 
 
 class Engine:
@@ -100,12 +103,23 @@ class Engine:
             forward_step_func=forward_step, data_iterator=self._per_chunk(batches), model=self.chunks,
             num_microbatches=num_microbatches, seq_length=seq_length,
             micro_batch_size=micro_batch_size, forward_only=False)
-        loss = _reduce_loss(losses, step)
-        update_successful, grad_norm, _ = self.optimizer.step()
-        self.scheduler.step(increment=1)
-        return StepResult(loss=loss, grad_norm=float(grad_norm or 0.0),
-                          lr=self.optimizer.param_groups[0]["lr"],
-                          update_successful=bool(update_successful))
+        loss, bad_microbatch = _reduce_loss(losses)
+        loss_scale = float(self.optimizer.get_loss_scale())
+        # Megatron's FP32 and BF16 optimizers step on NaN gradients (megatron-core 0.16.1: only the
+        # fp16 grad scaler looks for them), so the check is made here, on every rank together.
+        if bad_microbatch is not None:
+            reason = f"non-finite loss in microbatch {bad_microbatch + 1}/{num_microbatches}"
+        elif not _grads_finite(self.chunks):
+            reason = "non-finite gradients (every microbatch's loss is finite)"
+        else:
+            update_successful, grad_norm, _ = self.optimizer.step()
+            reason = None if update_successful else "the optimizer found inf/NaN gradients (loss-scale overflow)"
+        if reason is not None:
+            return StepResult(loss=loss, grad_norm=float("nan"), lr=self.optimizer.param_groups[0]["lr"],
+                              update_successful=False, loss_scale=loss_scale, skip_reason=reason)
+        self.scheduler.step(increment=1)  # as Megatron: a skipped iteration does not advance the schedule
+        return StepResult(loss=loss, grad_norm=float(grad_norm or 0.0), lr=self.optimizer.param_groups[0]["lr"],
+                          update_successful=True, loss_scale=loss_scale)
 
     def _per_chunk(self, batches: Iterator[dict]) -> Iterator[dict] | list[Iterator[dict]]:
         """The interleaved schedule takes one iterator per chunk; each chunk reads every microbatch."""
@@ -151,7 +165,7 @@ class Engine:
         finally:
             for chunk in self.chunks:
                 chunk.train()
-        return _reduce_loss(losses, step=-1)
+        return _reduce_loss(losses)[0]
 
 
 class _ForwardStep:
@@ -201,12 +215,12 @@ class _ForwardStep:
         return output, loss_func
 
 
-def _reduce_loss(losses: list[dict], step: int) -> float:
-    """Mean loss on the last stage, averaged over DP, given to every rank; NaN stops the run."""
+def _reduce_loss(losses: list[dict]) -> tuple[float, int | None]:
+    """(mean loss on the last stage averaged over DP, first microbatch with a non-finite loss), on every rank."""
     from megatron.core import parallel_state
 
     loss = torch.zeros(1, dtype=torch.float64)
-    first_bad_microbatch = torch.full((1,), -1.0, dtype=torch.float64)
+    first_bad_microbatch = torch.full((1,), float("inf"), dtype=torch.float64)
     if parallel_state.is_pipeline_last_stage():
         for record in losses:
             if not torch.isfinite(record["lm loss"]).all():
@@ -218,9 +232,14 @@ def _reduce_loss(losses: list[dict], step: int) -> float:
                     * parallel_state.get_tensor_model_parallel_world_size()
                     * parallel_state.get_context_parallel_world_size())
     dist.all_reduce(loss)
-    dist.all_reduce(first_bad_microbatch, op=dist.ReduceOp.MAX)
-    if first_bad_microbatch.item() >= 0:
-        raise NonFiniteLossError(
-            f"non-finite loss at step {step}, microbatch {int(first_bad_microbatch.item())}; "
-            "lower optimizer.lr or check the data")
-    return float(loss.item())
+    dist.all_reduce(first_bad_microbatch, op=dist.ReduceOp.MIN)
+    bad = first_bad_microbatch.item()
+    return float(loss.item()), (int(bad) if math.isfinite(bad) else None)
+
+
+def _grads_finite(chunks: list) -> bool:
+    """Collective: True when no rank's reduced gradients (DDP main_grad buffers of every chunk) hold NaN or inf."""
+    checks = [torch.isfinite(p.main_grad).all() for chunk in chunks for p in chunk.parameters()
+              if p.requires_grad and getattr(p, "main_grad", None) is not None]
+    local = bool(torch.stack(checks).all()) if checks else True  # one device sync, not one per tensor
+    return not any_rank(not local)

@@ -16,11 +16,16 @@ import torch.distributed as dist
 from megatron_ext.positions import build_sampler
 from pretrain.trainer import checkpoint, distributed
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
-from pretrain.trainer.data import SyntheticTokens, build_datasets, step_batches
+from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches
 from pretrain.trainer.engine import Engine
 from pretrain.trainer.metrics import Metrics, config_summary
 
 log = logging.getLogger("pretrain")
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot go on (non-finite updates); the message names the step and what to change."""
+
 
 class StopSignal:
     """Records SIGTERM/SIGUSR1 (SLURM's pre-timeout signal) so the loop can save and exit."""
@@ -46,9 +51,12 @@ def train(config: TrainConfig) -> int:
     config.validate(world_size)  # before any process group exists
     stop = StopSignal()
     distributed.initialize(config.parallel, config.seed)
+    lock = checkpoint.RunLock(config.run_dir)
     try:
+        checkpoint.on_rank0(lock.acquire)  # before anything is written into the run directory
         return _train(config, stop)
     finally:
+        lock.release()
         distributed.destroy()
 
 
@@ -58,7 +66,10 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
     dp_rank, dp_size = distributed.data_parallel_info()
     num_microbatches = config.num_microbatches(dp_size)
     run_dir = config.run_dir
+    resume = checkpoint.on_rank0(lambda: checkpoint.plan_resume(run_dir, overwrite=config.checkpoint.overwrite))
     if rank == 0:
+        for note in resume.notes:
+            print(f"resume: {note}", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump(config))
         print(f"config: {config_summary(config)} (resolved config saved to {run_dir / 'config.yaml'})", flush=True)
@@ -74,11 +85,14 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                     per_sample_positions=sampler.needs_per_sample)
 
     start = 0
-    if checkpoint.latest_iteration(run_dir) is not None:
-        record = checkpoint.load(run_dir, engine)
+    if resume.candidates:
+        path, record, notes = checkpoint.load_newest(resume, engine)
         start = record["iteration"]
+        notes += checkpoint.on_rank0(lambda: checkpoint.set_aside_newer(run_dir, start))
         if rank == 0:
-            print(f"resumed from iteration {start} ({checkpoint.resolve(run_dir)})", flush=True)
+            for note in notes:
+                print(f"resume: {note}", flush=True)
+            print(f"resumed from iteration {start} ({path})", flush=True)
     elif config.checkpoint.load:
         checkpoint.load(config.checkpoint.load, engine, load_optimizer=False)
         if rank == 0:
@@ -106,6 +120,7 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
     metrics = Metrics(config, total_iters, start)
     exit_code = 0
     window_start, window_steps = time.time(), 0
+    skipped_in_row = 0
     try:
         for step in range(start, total_iters):
             result = engine.train_step(step_batches(train_data, step, gbs, dp_rank, dp_size, mbs),
@@ -113,6 +128,9 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
             window_steps += 1
             done = step + 1
             metrics.step(done, f"loss {result.loss:.4f}")
+            skipped_in_row = 0 if result.update_successful else skipped_in_row + 1
+            if skipped_in_row:
+                _skipped(config, metrics, result, done, total_iters, skipped_in_row)
             if done % config.logging.log_interval == 0 or done == total_iters:
                 elapsed = time.time() - window_start
                 step_time = elapsed / window_steps
@@ -154,6 +172,31 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
     return exit_code
 
 
+def _skipped(config: TrainConfig, metrics: Metrics, result, done: int, total_iters: int, in_row: int) -> None:
+    """Report a skipped update; raise TrainingStopped after too many in a row (steps counted from 1)."""
+    limit = config.optimizer.max_consecutive_skipped_iters
+    metrics.console(f"step {done}/{total_iters}: update skipped ({in_row} of at most {limit} in a row): "
+                    f"{result.skip_reason}, loss scale {result.loss_scale:g}")
+    if in_row >= limit:
+        latest = checkpoint.latest_iteration(config.run_dir)
+        # a resumed run keeps the checkpoint's LR schedule (Megatron's default), hence a new run for a new lr
+        restart = (f"latest checkpoint: {checkpoint.iteration_dir(config.run_dir, latest)}; to retry with a lower "
+                   f"optimizer.lr (now {config.optimizer.lr:g}) start a new run from its weights with --set "
+                   f"checkpoint.load=<that dir> checkpoint.save=<new run dir>" if latest is not None else
+                   f"no checkpoint yet; lower optimizer.lr (now {config.optimizer.lr:g})")
+        raise TrainingStopped(
+            f"stopped at step {done}/{total_iters} after {in_row} consecutive skipped updates, the last for "
+            f"{result.skip_reason} at loss scale {result.loss_scale:g}; no non-finite weights were applied or saved "
+            f"({restart}), or check the data; optimizer.max_consecutive_skipped_iters={limit} sets how many "
+            "skipped updates in a row are tolerated")
+
+
+def _print_error(error: Exception) -> None:
+    """One line on stderr, from rank 0 only: every rank meets the same error (decided collectively)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {error}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain train`."""
     import argparse
@@ -179,4 +222,11 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return train(config)
+    try:
+        return train(config)
+    except (checkpoint.CheckpointError, DataError) as error:  # bad run directory or data: exit 2, as bad config
+        _print_error(error)
+        return 2
+    except (TrainingStopped, checkpoint.NonFiniteWeightsError) as error:
+        _print_error(error)
+        return 1

@@ -37,7 +37,7 @@ def _status(run_dir):
 
 @pytest.fixture(scope="module")
 def grid(tiny_shards, tmp_path_factory):
-    """root/{baseline_s1, posaug_s1} finished, root/crashed failed (NaN loss), root/live running."""
+    """root/{baseline_s1, posaug_s1} finished, root/crashed failed (non-finite updates), root/live running."""
     root = tmp_path_factory.mktemp("grid")
     common = [*TINY_TRAIN, f"data.data_path={tiny_shards}", "schedule.train_iters=3", "logging.eval_iters=1"]
     live = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *common, "schedule.train_iters=100000",
@@ -63,7 +63,7 @@ def test_runs_lists_size_method_seed_iteration_and_state(grid, capsys):
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:-1]}
     assert rows["baseline_s1"][1:6] == ["tiny", "baseline", "1", "3/3", "finished"]
     assert rows["posaug_s1"][1:6] == ["tiny", "posaug", "1", "3/3", "finished"]
-    assert rows["crashed"][5] == "failed" and "NonFiniteLossError" in out
+    assert rows["crashed"][5] == "failed" and "TrainingStopped" in out
     assert rows["live"][5] == "running"
     assert out.splitlines()[-1] == "2 finished, 1 running, 1 failed (4 runs)"
 

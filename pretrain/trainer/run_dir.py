@@ -1,0 +1,280 @@
+"""What a run directory holds and may be trusted for: its lock, checkpoint verification, where to resume.
+
+A checkpoint directory iter_NNNNNNN is intact when its train_state.json (written last by
+`checkpoint.save`) parses and every file it lists has the recorded size (and, when asked,
+sha256). Checkpoints saved before that record existed count as intact when train_state.json
+and dist_checkpointing's own metadata files are there. `latest_checkpointed_iteration.txt`
+is only a hint: resume takes the newest intact iter_* directory and says what it skipped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import torch
+import torch.distributed as dist
+
+LATEST = "latest_checkpointed_iteration.txt"
+STATE = "train_state.json"
+_ITER = re.compile(r"iter_(\d{7})")
+FRESH_START = ("pass --set checkpoint.save=<new run dir> to start the run elsewhere, or --set "
+               "checkpoint.overwrite=true to delete what is left of the old run and start over in it")
+log = logging.getLogger("pretrain.checkpoint")
+T = TypeVar("T")
+
+
+class CheckpointError(ValueError):
+    """A run directory or checkpoint that cannot be used as asked; the message names it and the fix."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint whose files are missing, truncated or unreadable."""
+
+
+def iteration_dir(run_dir: Path, iteration: int) -> Path:
+    """Directory of one checkpoint."""
+    return Path(run_dir) / f"iter_{iteration:07d}"
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def any_rank(flag: bool) -> bool:
+    """Collective: True on every rank when `flag` is True on any (a no-op without a process group)."""
+    # NCCL reduces only GPU tensors; gloo (CPU runs) only CPU ones
+    value = torch.tensor([1.0 if flag else 0.0], device="cuda" if torch.cuda.is_available() else "cpu")
+    if dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(iteration, dir) of every iter_NNNNNNN directory, newest first (not .tmp or .damaged ones)."""
+    if not run_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _ITER.fullmatch(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def file_record(path: Path) -> dict:
+    """{"bytes", "sha256"} of one file, flushed to disk on the way (it is read anyway)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+        os.fsync(handle.fileno())
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def verify(path: str | Path, *, checksums: bool = True) -> str | None:
+    """Why the checkpoint at `path` is incomplete or damaged, or None when it is intact."""
+    path = Path(path)
+    try:
+        record = json.loads((path / STATE).read_text())
+    except FileNotFoundError:
+        return f"{STATE} is missing (the save never finished, or files were removed)"
+    except (OSError, ValueError):
+        return f"{STATE} is not valid JSON"
+    if not isinstance(record, dict) or not isinstance(record.get("iteration"), int):
+        return f"{STATE} holds no iteration number"
+    files = record.get("files")
+    if files is None:  # saved before completeness records: dist_checkpointing's own files at least
+        missing = [n for n in ("metadata.json", ".metadata", "common.pt") if not (path / n).is_file()]
+        return f"{missing[0]} is missing" if missing else None
+    try:
+        for name, expected in files.items():
+            file = path / name
+            if not file.is_file():
+                return f"{name} is missing"
+            size = file.stat().st_size
+            if size != expected["bytes"]:
+                return f"{name} has {size} of its {expected['bytes']} bytes (truncated or overwritten)"
+            if checksums and file_record(file)["sha256"] != expected["sha256"]:
+                return f"{name} does not match its sha256 checksum"
+    except (AttributeError, KeyError, TypeError):
+        return f"{STATE} has a malformed \"files\" record"
+    return None
+
+
+def _marker(run_dir: Path) -> tuple[int | None, str | None]:
+    """(iteration named by the marker, what is wrong with it)."""
+    marker = run_dir / LATEST
+    if not marker.is_file():
+        return None, f"{LATEST} is missing"
+    text = marker.read_text(errors="replace").strip()
+    if not text.isdigit():
+        return None, f"{LATEST} is {'empty' if not text else f'not an iteration number ({text[:20]!r})'}"
+    return int(text), None
+
+
+@dataclass
+class Resume:
+    """Where a run continues: intact checkpoints newest first (none: start fresh) and what was skipped."""
+
+    candidates: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_resume(run_dir: str | Path, *, overwrite: bool = False) -> Resume:
+    """The intact checkpoints a run in `run_dir` may resume from, newest first. A directory with traces of
+    a run (iter_* dirs, a marker) but nothing intact is refused, or with `overwrite` cleared for a new run.
+
+    `overwrite` never touches an intact checkpoint: a requeued job started with it still resumes."""
+    run_dir = Path(run_dir)
+    found = checkpoints(run_dir)
+    named, marker_problem = _marker(run_dir)
+    has_marker = (run_dir / LATEST).exists()
+    resume, damaged = Resume(), []
+    for _, path in found:
+        reason = verify(path, checksums=True)
+        if reason is None:
+            resume.candidates.append(path)
+        else:
+            damaged.append(f"{path.name}: {reason}")
+            resume.notes.append(f"skipping {path}: {reason}")
+    if resume.candidates:
+        newest = int(_ITER.fullmatch(resume.candidates[0].name).group(1))
+        if marker_problem:
+            resume.notes.append(f"{marker_problem}; using the newest intact checkpoint instead")
+        elif named != newest:
+            resume.notes.append(f"{LATEST} names iteration {named}; the newest intact checkpoint is {newest}")
+        return resume
+    if (damaged or has_marker) and overwrite:
+        for _, path in found:
+            shutil.rmtree(path)
+        (run_dir / LATEST).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        return Resume(notes=[f"checkpoint.overwrite=true: deleted the damaged checkpoints "
+                             f"({', '.join(p.name for _, p in found) or 'none'}), {LATEST} and TensorBoard "
+                             f"events of the previous run in {run_dir}; starting a new run"])
+    if damaged:
+        raise CheckpointError(f"run directory {run_dir} holds no intact checkpoint ({'; '.join(damaged)}); "
+                              f"{FRESH_START}")
+    if has_marker:
+        what = marker_problem or f"{LATEST} names iteration {named}"
+        raise CheckpointError(f"run directory {run_dir}: {what} but no iter_* checkpoint exists (removed, or "
+                              f"never finished); {FRESH_START}")
+    return resume
+
+
+def set_aside_newer(run_dir: str | Path, iteration: int) -> list[str]:
+    """Rename iter_* newer than the resumed `iteration` (damaged or unloadable) to iter_N.damaged: the
+    resumed run will write those iterations again, and nothing of a run is deleted without being asked."""
+    notes = []
+    for number, path in checkpoints(Path(run_dir)):
+        if number > iteration:
+            target, n = path.with_name(f"{path.name}.damaged"), 1
+            while target.exists():
+                target, n = path.with_name(f"{path.name}.damaged{n}"), n + 1
+            os.replace(path, target)
+            notes.append(f"moved the damaged {path.name} to {target.name} (delete it when no longer needed)")
+    return notes
+
+
+def latest_iteration(run_dir: str | Path) -> int | None:
+    """Iteration of the newest intact checkpoint in `run_dir` (sizes checked, not checksums), or None."""
+    for iteration, path in checkpoints(Path(run_dir)):
+        if verify(path, checksums=False) is None:
+            return iteration
+    return None
+
+
+_warned: set[str] = set()
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint directory from a run directory (its newest intact one) or an iter_* directory."""
+    path = Path(path)
+    if (path / STATE).exists() or _ITER.fullmatch(path.name):
+        reason = verify(path, checksums=False)
+        if reason:
+            raise DamagedCheckpointError(f"checkpoint {path} is damaged: {reason}; pass an intact iter_* "
+                                         "directory, or the run directory to use its newest intact checkpoint")
+        return path
+    damaged = []
+    for _, candidate in checkpoints(path):
+        reason = verify(candidate, checksums=False)
+        if reason is None:
+            for note in damaged:
+                if note not in _warned:
+                    _warned.add(note)
+                    log.warning(f"skipping {note}; using {candidate}")
+            return candidate
+        damaged.append(f"{candidate}: {reason}")
+    if damaged:
+        raise DamagedCheckpointError(f"{path} holds no intact checkpoint ({'; '.join(damaged)}); "
+                                     "pass a run directory or iter_* directory with an intact checkpoint")
+    if (path / LATEST).exists():
+        raise DamagedCheckpointError(f"{path} has a {LATEST} but no iter_* checkpoint (removed, or never "
+                                     "finished); pass a run directory that holds one")
+    raise FileNotFoundError(f"{path} holds no checkpoint (no iter_* directory and no {STATE}); "
+                            "pass a run directory written by `python -m pretrain train` or one of its iter_* dirs")
+
+
+def read_train_state(checkpoint: str | Path) -> dict:
+    """The JSON side of a checkpoint: iteration, consumed samples, scheduler, layout, config."""
+    return json.loads((resolve(checkpoint) / STATE).read_text())
+
+
+# ------------------------------------------------------------------------------ run lock
+
+
+class RunLock:
+    """Exclusive flock on <run dir>/.lock, held by rank 0 for a training run's life.
+
+    flock is released by the kernel when the process dies, so a killed run never leaves a stale lock.
+    Across nodes it needs a file system with working flock (NFSv4, Lustre mounted with -o flock)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self._handle = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise CheckpointError naming the PID and host holding it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = handle.read().strip() or "a process that has not written its PID yet"
+            handle.close()
+            raise CheckpointError(f"run directory {self.path.parent} is in use by another training run ({holder}); "
+                                  "wait for it to finish, or pass --set checkpoint.save=<another run dir>") from None
+        handle.truncate(0)
+        handle.write(f"PID {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        """Drop the lock (the file stays: unlinking it would race with a run about to lock it)."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def on_rank0(function: Callable[[], T]) -> T:
+    """Collective: run `function` on rank 0 alone; every rank returns its result or raises its CheckpointError."""
+    outcome: list = [None, None]
+    if rank() == 0:
+        try:
+            outcome = [function(), None]
+        except CheckpointError as error:
+            outcome = [None, str(error)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[1] is not None:
+        raise CheckpointError(outcome[1])
+    return outcome[0]
