@@ -35,6 +35,13 @@ from pretrain.trainer.run_dir import (LATEST, STATE, CheckpointError,  # noqa: F
                                       iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
                                       read_train_state, resolve, set_aside_newer, verify)
 
+# Reaches into Megatron-Core internals (checked against megatron-core 0.16.1):
+# - dist_checkpointing.strategies.filesystem_async._get_write_results_queue (private): the first
+#   save starts a multiprocessing Manager process that lives for the rest of the run. SLURM sends
+#   USR1/TERM to every process of a job step, so that process died on preemption and the save the
+#   signal asked for failed (BrokenPipeError). It is started here with those signals blocked; a
+#   child inherits the blocked mask, so the signal reaches only the trainer, which saves and exits.
+
 RNG_FORMAT = 2  # before: random/numpy getstate() tuples (numpy arrays need Megatron's safe globals)
 log = logging.getLogger("pretrain.checkpoint")
 
@@ -156,9 +163,25 @@ def _files_record(tmp: Path) -> dict:
     return {name: part[name] for part in parts for name in part}
 
 
+def _start_writer_process_shielded() -> None:
+    """Start Megatron's checkpoint-writer helper process with SIGUSR1/SIGTERM blocked (see the top)."""
+    import signal
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    stop_signals = {signal.SIGUSR1, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    try:
+        filesystem_async._get_write_results_queue()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int) -> Path:
     """Collective: write checkpoint `iteration` atomically, then prune to the newest `keep_last`."""
     from megatron.core import dist_checkpointing
+
+    _start_writer_process_shielded()
 
     run_dir = Path(run_dir)
     final, tmp = iteration_dir(run_dir, iteration), Path(f"{iteration_dir(run_dir, iteration)}.tmp")

@@ -224,11 +224,6 @@ def test_usr1_on_two_nodes_saves_one_iteration_on_every_rank_requeues_and_resume
     assert_same_curve(two_node_loss_curve(run_dir), two_node_loss_curve(layout_run("dp_2x1")[1]))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "trainer bug: SLURM signals every process of a step, and USR1 kills the multiprocessing Manager that "
-    "megatron's checkpoint writer spawns at the first save and keeps (filesystem_async._get_write_results_queue), "
-    "so the stop-signal save dies with BrokenPipeError; fix in pretrain/checkpoint.py (create it with "
-    "SIGUSR1/SIGTERM blocked)"))
 def test_usr1_after_a_periodic_checkpoint_still_saves_and_requeues(initial_weights, tmp_path):
     job_id = submit_113m(tmp_path, NODES_2x1, f"{initial_weights} checkpoint.save_interval=5")
     two_node_wait_for_line(job_id, tmp_path, "\n0: step 10/", 300)
