@@ -157,15 +157,16 @@ def train_runs(out: Path, preset: SuitePreset, seeds: list[int], jobs: int = 1) 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     for folder in ("configs", "logs", "timing"):
         (out / folder).mkdir(parents=True, exist_ok=True)
-    started, finished = time.time(), 0
+    finished, run_walls = 0, []
     running: dict[tuple[str, str, int], tuple[subprocess.Popen, float]] = {}
     while todo or running:
         while todo and len(running) < jobs:
             key = todo.pop(0)
             task, method, seed = key
             done = finished + len(running)
-            eta = (f"; ETA {(time.time() - started) / finished * (len(todo) + 1 + len(running)) / 60:.1f} min"
-                   if finished else "")
+            # Runs in flight count whole: a slight overestimate, never the 2x of elapsed / finished.
+            mean_wall = sum(run_walls) / len(run_walls) if run_walls else 0.0
+            eta = f"; ETA {mean_wall * (len(todo) + 1 + len(running)) / jobs / 60:.1f} min" if run_walls else ""
             _log(f"[{done + 1}/{done + 1 + len(todo)} to train, {len(runs)} runs, load {_load()}] "
                  f"{task} / {method} / seed {seed}{eta}")
             config_file = out / "configs" / f"{runs[key].name}.yaml"
@@ -187,6 +188,7 @@ def train_runs(out: Path, preset: SuitePreset, seeds: list[int], jobs: int = 1) 
                     other.wait()
                 raise RuntimeError(f"training {runs[key].name} failed (exit {code}, config "
                                    f"{out / 'configs' / (runs[key].name + '.yaml')}):\n{log_file.read_text()[-3000:]}")
+            run_walls.append(time.time() - begun)
             timing = {"wall_s": time.time() - begun, "cpu_s": cpu, "threads": threads, "jobs": jobs,
                       "load_at_end": _load()}
             (out / "timing" / f"{runs[key].name}.json").write_text(json.dumps(timing))
