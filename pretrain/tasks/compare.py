@@ -68,6 +68,45 @@ def all_lengths(row: dict, count: int) -> dict:
     return {"accuracy": sum(accuracy) / len(accuracy), "se": se}
 
 
+def reach(row: dict, threshold: float = 0.5) -> int:
+    """Longest length n with exact match ≥ `threshold` at every evaluated length up to n (0 if none)."""
+    longest = 0
+    for length, accuracy in zip(row["lengths"], row["accuracy"]):
+        if accuracy < threshold:
+            break
+        longest = length
+    return longest
+
+
+def reach_table(summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
+    """Tasks × methods: reach (lengths past the training maximum N that still hold ≥ 50 %)."""
+    lines = ["**Reach**: longest length n with ≥ 50 % exact match at every length ≤ n (training max N in the "
+             "first column)", "", "| Task (N) | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
+    for task, rows in summary.items():
+        n = next(iter(rows.values()))["train_lengths"][1]
+        cells = [f"{reach(rows[m])} ({reach(rows[m]) - n:+d})" if m in rows else "—" for m in methods]
+        lines.append(f"| {task} ({n}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def nope_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -> list[str]:
+    """Per task: do the RoPE position augmentations beat dropping positions altogether (NoPE)?"""
+    lines = []
+    for task, rows in summary.items():
+        if "nope" not in rows or rows["nope"]["unseen"] is None:
+            continue
+        verdicts: dict[str, list[str]] = {"higher": [], "no significant difference": [], "lower": []}
+        for method in methods:
+            if method in ("rope", "nope", "alibi") or method not in rows:
+                continue
+            verdicts[difference(rows[method]["unseen"], rows["nope"]["unseen"])[2]].append(method)
+        lines.append(f"- **{task}** vs NoPE ({_pct(rows['nope']['unseen'])} unseen): above it "
+                     f"{', '.join(verdicts['higher']) or 'none'}; within 2 SE "
+                     f"{', '.join(verdicts['no significant difference']) or 'none'}; below it "
+                     f"{', '.join(verdicts['lower']) or 'none'}.")
+    return lines
+
+
 def baseline_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -> list[str]:
     """Per task: does the baseline learn seen lengths, and which methods beat / tie / trail it unseen."""
     lines = []

@@ -112,7 +112,7 @@ DEVIATIONS = """- RFS, RPE and warp positions are drawn for the padded training 
 def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds: list[int],
                  timing: dict) -> Path:
     """report.md, results.json and one plot per task under `out`."""
-    from pretrain.tasks.compare import baseline_findings, paper_comparison
+    from pretrain.tasks.compare import baseline_findings, nope_findings, paper_comparison, reach_table
 
     summary = aggregate(records)
     methods = [m for m in preset.methods if any(m in rows for rows in summary.values())]
@@ -125,12 +125,18 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
         f"# Length generalisation on algorithmic tasks ({preset_name})",
         f"Training lengths {ranges}; evaluation at every length up to {preset.eval_factor}N, "
         f"{preset.eval_count} held-out examples per length, greedy decoding, exact match of answer + <eos>. "
-        f"{preset.train_iters} steps × {preset.global_batch_size} examples per method, seeds {seeds}.",
+        f"{preset.train_iters} steps × {preset.global_batch_size} examples per method, seeds {seeds}."
+        + (" One seed: ± covers the sampling of held-out examples only, not training-seed variance (the papers "
+           "report large seed spread; Ruoss et al. take the best of 30 runs)." if len(seeds) == 1 else
+           f" ± combines the {len(seeds)} seeds' binomial SEs; it does not estimate seed-to-seed variance."),
         runtime_text(timing),
         tables(summary, methods),
+        reach_table(summary, methods),
         "\n".join(f"![{p.stem}]({p.name})" for p in plots),
         "## Against the RoPE baseline (computed from the tables; Δ beyond 2 SE counts)\n\n"
         + "\n".join(baseline_findings(summary, methods)),
+        "## Against NoPE (does a RoPE position augmentation beat having no positions at all?)\n\n"
+        + ("\n".join(nope_findings(summary, methods)) or "NoPE was not in this run."),
         "## Against the papers (computed: direction of each published difference vs ours)\n\n"
         + ("\n".join(papers) if papers else "No published pair among this run's tasks and methods.")
         + "\n\nThe papers' numbers in full:\n\n" + PAPER_NUMBERS,

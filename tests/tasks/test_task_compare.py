@@ -59,3 +59,17 @@ def test_runtime_text_labels_the_quiet_machine_wall_time_an_estimate_from_cpu_ti
     text = runtime_text(timing)
     assert "60.0 min wall" in text and "30.0 min" in text and "≈ CPU / 2 = 15.0 min (an estimate" in text
     assert "9.0" in text
+
+
+def test_reach_is_the_longest_length_before_accuracy_first_drops_below_half():
+    from pretrain.tasks.compare import reach
+
+    assert reach(row(1.0, 0.0, (1.0, 0.9, 0.4, 0.8))) == 2
+
+
+def test_nope_findings_sort_augmentations_above_within_and_below_nope():
+    from pretrain.tasks.compare import nope_findings
+
+    summary = {"copy": {"nope": row(1.0, 0.3), "rfs": row(1.0, 0.6), "rpe": row(1.0, 0.31), "warp": row(1.0, 0.1)}}
+    text = nope_findings(summary, ["rope", "rfs", "rpe", "warp", "nope"])[0]
+    assert "above it rfs;" in text and "within 2 SE rpe;" in text and "below it warp." in text
