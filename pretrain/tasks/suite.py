@@ -85,6 +85,8 @@ PRESETS: dict[str, SuitePreset] = {
     "cpu-small": SuitePreset(tasks={"copy": (1, 10), "reverse": (1, 10)}, model=_PROBE_MODEL,
                              train_iters=1000, global_batch_size=64, lr=1e-3),
     # Every task and method, the papers' ranges: copy/reverse N = 20 (warping paper), the others 8.
+    # Not run end to end: ≈ 840 CPU-min ≈ 7 h on 2 quiet cores, extrapolated from 60-step
+    # measurements per task (benchmarks/bench_task_suite_cost.py, benchmarks/README.md).
     "cpu-long": SuitePreset(tasks={"copy": (1, 20), "copy2": (1, 20), "reverse": (1, 20), "addition": (2, 8),
                                    "sort": (1, 8), "summation": (1, 8), "duplicate": (1, 20),
                                    "missing_duplicate": (1, 20)},
