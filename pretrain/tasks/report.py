@@ -85,27 +85,65 @@ def tables(summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
     return "\n\n".join(text)
 
 
+def runtime_text(timing: dict) -> str:
+    """Wall, CPU and load of the run, and the quiet-machine wall time estimated from CPU time."""
+    cpu = timing["train_cpu_s"] + timing["eval_cpu_s"]
+    cores = timing.get("cores") or 1
+    untimed = timing["runs"] - timing["train_runs_timed"]
+    return (f"Runtime: {timing['wall_s'] / 60:.1f} min wall with {timing['jobs']} runs side by side (load average "
+            f"{timing['load_start']} at the start, {timing['load_end']} at the end: other jobs on the machine stretch "
+            f"wall time, not CPU time); CPU time {timing['train_cpu_s'] / 60:.1f} min training + "
+            f"{timing['eval_cpu_s'] / 60:.1f} min evaluation = {cpu / 60:.1f} min; **estimated** wall time on a quiet "
+            f"{cores}-core machine ≈ CPU / {cores} = {cpu / cores / 60:.1f} min (an estimate, not a measurement)"
+            + (f"; {untimed} run(s) trained by an earlier invocation without timing are not counted" if untimed else "")
+            + ".")
+
+
+DEVIATIONS = """- RFS, RPE and warp positions are drawn for the padded training window (the longest example's
+  token count), not for each example's own length: a length-n example gets the first n of the
+  window's sorted positions (a prefix), where the RFS paper draws n sorted positions from [0, L) for
+  it, and warp's tail stretch uses the window length as l. RFS evaluation positions follow the same
+  window (L·(2i − 1) / (2·max(window, T))), so training and evaluation agree with each other, but
+  short examples see only the low part of [0, L) — a narrower augmentation than the papers'.
+- Models are 3-layer, d = 128 decoders trained for minutes on CPU; the papers train 6–12 layers for
+  10k–2M steps. Compare directions, not magnitudes."""
+
+
 def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds: list[int],
-                 elapsed: float) -> Path:
+                 timing: dict) -> Path:
     """report.md, results.json and one plot per task under `out`."""
+    from pretrain.tasks.compare import baseline_findings, nope_findings, paper_comparison, reach_table
+
     summary = aggregate(records)
     methods = [m for m in preset.methods if any(m in rows for rows in summary.values())]
     plots = [plot_task(task, {m: rows[m] for m in methods if m in rows}, out / f"accuracy_{task}.png")
              for task, rows in summary.items()]
     ranges = ", ".join(f"{t} U{{{a}..{n}}}" for t, (a, n) in preset.tasks.items())
+    papers = paper_comparison(summary, preset.eval_count)
     report = out / "report.md"
     report.write_text("\n\n".join([
         f"# Length generalisation on algorithmic tasks ({preset_name})",
         f"Training lengths {ranges}; evaluation at every length up to {preset.eval_factor}N, "
         f"{preset.eval_count} held-out examples per length, greedy decoding, exact match of answer + <eos>. "
-        f"{preset.train_iters} steps × {preset.global_batch_size} examples per method, seeds {seeds}; "
-        f"wall time {elapsed / 60:.1f} min.",
+        f"{preset.train_iters} steps × {preset.global_batch_size} examples per method, seeds {seeds}."
+        + (" One seed: ± covers the sampling of held-out examples only, not training-seed variance (the papers "
+           "report large seed spread; Ruoss et al. take the best of 30 runs)." if len(seeds) == 1 else
+           f" ± combines the {len(seeds)} seeds' binomial SEs; it does not estimate seed-to-seed variance."),
+        runtime_text(timing),
         tables(summary, methods),
+        reach_table(summary, methods),
         "\n".join(f"![{p.stem}]({p.name})" for p in plots),
-        "## The papers' numbers\n\n" + PAPER_NUMBERS,
+        "## Against the RoPE baseline (computed from the tables; Δ beyond 2 SE counts)\n\n"
+        + "\n".join(baseline_findings(summary, methods)),
+        "## Against NoPE (does a RoPE position augmentation beat having no positions at all?)\n\n"
+        + ("\n".join(nope_findings(summary, methods)) or "NoPE was not in this run."),
+        "## Against the papers (computed: direction of each published difference vs ours)\n\n"
+        + ("\n".join(papers) if papers else "No published pair among this run's tasks and methods.")
+        + "\n\nThe papers' numbers in full:\n\n" + PAPER_NUMBERS,
+        "## Deviations from the papers\n\n" + DEVIATIONS,
     ]) + "\n")
     (out / "results.json").write_text(json.dumps(
-        {"preset": preset_name, "seeds": seeds, "elapsed_s": elapsed, "methods": methods,
+        {"preset": preset_name, "seeds": seeds, "timing": timing, "methods": methods,
          "train_lengths": {t: list(r) for t, r in preset.tasks.items()}, "summary": summary, "records": records},
         indent=1))
     return report

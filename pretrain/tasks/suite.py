@@ -6,11 +6,18 @@ every method), then greedy exact match at every length 1..4N on held-out example
 method's inference-time positions, then a report in the papers' shape (accuracy-vs-length plot
 per task, a table of mean seen / unseen accuracy ± SE, results.json). Finished runs and
 evaluations are reused on a rerun.
+
+Deviation from the papers (also in the report): RFS / RPE / warp positions are drawn for the
+padded training window, not for each example's own length — the sampler is not told the
+lengths (megatron_ext.positions.PositionSampler.training takes only seq_len and batch_size), so a
+length-n example trains on a prefix of the window's positions instead of n positions spread over
+[0, L).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,12 +42,14 @@ class Method:
 METHODS: dict[str, Method] = {
     "rope": Method({}, {"strategy": "none"}),
     "posaug": Method({}, {"strategy": "posaug", "alpha_min": 0.125, "alpha_max": 8.0, "alpha_distribution": "uniform"}),
-    "rfs": Method({}, {"strategy": "rfs"}, max_position="rfs"),
-    "rpe": Method({}, {"strategy": "rpe"}, max_position="eval"),
+    # per_sample: the papers draw one sorted position row per example, not one per microbatch.
+    "rfs": Method({}, {"strategy": "rfs", "per_sample": True}, max_position="rfs"),
+    "rpe": Method({}, {"strategy": "rpe", "per_sample": True}, max_position="eval"),
     "warp": Method({}, {"strategy": "warp", "p_head": 0.15, "p_tail": 0.15, "tail_function": "sqrt"}),
     "nope": Method({"position_embedding_type": "none"}, {"strategy": "none"}),
     "alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "none"}),
-    "rfs_alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "rfs"}, max_position="eval"),
+    "rfs_alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "rfs", "per_sample": True},
+                        max_position="eval"),
 }
 
 
@@ -66,11 +75,18 @@ class SuitePreset:
 _PROBE_MODEL = dict(num_layers=3, hidden_size=128, ffn_hidden_size=352, num_attention_heads=4,
                     num_query_groups=4)
 PRESETS: dict[str, SuitePreset] = {
-    # Default, ≤ 30 min on 2 cores: copy and reverse (the two tasks the RoPE baseline must learn
-    # to ≥ 95 % on seen lengths), N = 10, every method, one seed.
+    # Default, ≤ 30 min on 2 cores: copy and reverse (the tasks the RoPE baseline must learn to
+    # ≥ 95 % on seen lengths), N = 10, all 8 methods, one seed: 16 runs. Measured 2026-11-23
+    # (benchmarks/README.md): RoPE 100 % seen on both at 1,000 steps (train loss 0.02 by step 500,
+    # 0.0004 at 1,000), 0 % unseen; every method ≥ 99.7 % seen. One run ≈ 105–145 s CPU at 1 thread
+    # (~0.11 s/step + ~8 s start-up), evaluation ≈ 9 s CPU per run: 35 CPU-min in all ≈ 17.5 min on
+    # 2 quiet cores (estimate from CPU time; 30.5 min wall measured under load 3–20). More tasks or
+    # 1,500+ steps would not fit: N = 20 (cpu-long) doubles the per-step cost.
     "cpu-small": SuitePreset(tasks={"copy": (1, 10), "reverse": (1, 10)}, model=_PROBE_MODEL,
                              train_iters=1000, global_batch_size=64, lr=1e-3),
     # Every task and method, the papers' ranges: copy/reverse N = 20 (warping paper), the others 8.
+    # Not run end to end: ≈ 840 CPU-min ≈ 7 h on 2 quiet cores, extrapolated from 60-step
+    # measurements per task (benchmarks/bench_task_suite_cost.py, benchmarks/README.md).
     "cpu-long": SuitePreset(tasks={"copy": (1, 20), "copy2": (1, 20), "reverse": (1, 20), "addition": (2, 8),
                                    "sort": (1, 8), "summation": (1, 8), "duplicate": (1, 20),
                                    "missing_duplicate": (1, 20)},
@@ -111,30 +127,82 @@ def run_config(preset: SuitePreset, task: str, method: str, seed: int, run_dir: 
     }
 
 
-def train_runs(out: Path, preset: SuitePreset, seeds: list[int]) -> dict[tuple[str, str, int], Path]:
-    """Train every (task, method, seed) not finished yet, one fresh process each; returns the run dirs."""
+def _load() -> str:
+    """The 1-minute load average (other jobs slow the wall clock, never the CPU time)."""
+    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
+
+
+def _start(config_file: Path, log_file: Path, threads: int) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    with log_file.open("w") as log:
+        return subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _reap(proc: subprocess.Popen) -> tuple[int, float] | None:
+    """(exit code, CPU seconds of the child) once it has ended, else None."""
+    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
+def train_runs(out: Path, preset: SuitePreset, seeds: list[int], jobs: int = 1) -> dict[tuple[str, str, int], Path]:
+    """Train every (task, method, seed) not finished yet, `jobs` processes at a time; returns the run dirs.
+
+    Each run is its own process with cores // jobs threads: these models are so small that two
+    1-thread runs side by side beat one 2-thread run, and OpenMP threads that wait for a core
+    on a busy machine spin (wall and CPU time grow several-fold), single threads do not.
+    Per-run wall and CPU seconds go to timing/<run>.json for the report.
+    """
     from pretrain.trainer import config as config_module
     from pretrain.trainer.checkpoint import latest_iteration
 
     runs = {(t, m, s): out / "runs" / f"{t}_{m}_s{s}" for s in seeds for t in preset.tasks for m in preset.methods}
     todo = [key for key, run_dir in runs.items() if latest_iteration(run_dir) != preset.train_iters]
-    started = time.time()
-    for done, key in enumerate(todo):
-        task, method, seed = key
-        eta = f"; ETA {(time.time() - started) / done * (len(todo) - done) / 60:.1f} min" if done else ""
-        _log(f"[{done + 1}/{len(todo)} to train, {len(runs)} runs] {task} / {method} / seed {seed}{eta}")
-        config_file = out / "configs" / f"{runs[key].name}.yaml"
-        config_file.parent.mkdir(parents=True, exist_ok=True)
-        config = config_module.from_dict(run_config(preset, task, method, seed, runs[key]))
-        config_file.write_text(config_module.dump(config))
-        proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"training {runs[key].name} failed (exit {proc.returncode}, config {config_file}):\n"
-                               f"{proc.stdout[-3000:]}")
-        last = [line for line in proc.stdout.splitlines() if line.startswith("step ") and "/" in line.split()[1]]
-        if last:
-            _log(f"    {last[-1]}")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    for folder in ("configs", "logs", "timing"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    finished, run_walls = 0, []
+    running: dict[tuple[str, str, int], tuple[subprocess.Popen, float]] = {}
+    while todo or running:
+        while todo and len(running) < jobs:
+            key = todo.pop(0)
+            task, method, seed = key
+            done = finished + len(running)
+            # Runs in flight count whole: a slight overestimate, never the 2x of elapsed / finished.
+            mean_wall = sum(run_walls) / len(run_walls) if run_walls else 0.0
+            eta = f"; ETA {mean_wall * (len(todo) + 1 + len(running)) / jobs / 60:.1f} min" if run_walls else ""
+            _log(f"[{done + 1}/{done + 1 + len(todo)} to train, {len(runs)} runs, load {_load()}] "
+                 f"{task} / {method} / seed {seed}{eta}")
+            config_file = out / "configs" / f"{runs[key].name}.yaml"
+            config = config_module.from_dict(run_config(preset, task, method, seed, runs[key]))
+            config_file.write_text(config_module.dump(config))
+            running[key] = (_start(config_file, out / "logs" / f"{runs[key].name}.log", threads), time.time())
+        time.sleep(0.5)
+        for key, (proc, begun) in list(running.items()):
+            ended = _reap(proc)
+            if ended is None:
+                continue
+            del running[key]
+            finished += 1
+            code, cpu = ended
+            log_file = out / "logs" / f"{runs[key].name}.log"
+            if code != 0:
+                for other, _ in running.values():
+                    other.kill()
+                    other.wait()
+                raise RuntimeError(f"training {runs[key].name} failed (exit {code}, config "
+                                   f"{out / 'configs' / (runs[key].name + '.yaml')}):\n{log_file.read_text()[-3000:]}")
+            run_walls.append(time.time() - begun)
+            timing = {"wall_s": time.time() - begun, "cpu_s": cpu, "threads": threads, "jobs": jobs,
+                      "load_at_end": _load()}
+            (out / "timing" / f"{runs[key].name}.json").write_text(json.dumps(timing))
+            last = [line for line in log_file.read_text().splitlines()
+                    if line.startswith("step ") and "/" in line.split()[1]]
+            _log(f"    {runs[key].name}: {last[-1] if last else 'done'} | {timing['wall_s']:.0f} s wall, "
+                 f"{cpu:.0f} s CPU")
     return runs
 
 
@@ -161,32 +229,69 @@ def evaluate_run(run_dir: Path, preset: SuitePreset, task: str, seed: int) -> di
             "lengths": [r.to_dict() for r in results], "summary": summarize(results)}
 
 
-def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int], Path]) -> list[dict]:
-    """Evaluate every run once (cached as eval/<run>.json)."""
-    records = []
-    for index, ((task, method, seed), run_dir) in enumerate(runs.items(), 1):
-        path = out / "eval" / f"{run_dir.name}.json"
-        if not path.is_file():
-            started = time.time()
-            record = {"method": method, **evaluate_run(run_dir, preset, task, seed)}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record))
-            seen, unseen = record["summary"]["seen"], record["summary"]["unseen"]
-            _log(f"[eval {index}/{len(runs)}] {task} / {method}: seen {seen['accuracy']:.3f}, unseen "
-                 f"{unseen['accuracy'] if unseen else float('nan'):.3f} ({time.time() - started:.0f} s)")
-        records.append(json.loads(path.read_text()))
-    return records
+def _evaluate_timed(run_dir: Path, preset: SuitePreset, task: str, method: str, seed: int,
+                    threads: int) -> dict:
+    """evaluate_run in a worker with `threads` torch threads, plus its wall and CPU seconds."""
+    import resource
+
+    import torch
+
+    torch.set_num_threads(threads)
+    started, before = time.time(), resource.getrusage(resource.RUSAGE_SELF)
+    record = {"method": method, **evaluate_run(run_dir, preset, task, seed)}
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {**record, "eval_timing": {"wall_s": time.time() - started, "cpu_s": cpu}}
 
 
-def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str) -> Path:
+def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int], Path],
+                  jobs: int = 1) -> list[dict]:
+    """Evaluate every run once (cached as eval/<run>.json), `jobs` worker processes at a time."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    todo = {key: run_dir for key, run_dir in runs.items() if not (out / "eval" / f"{run_dir.name}.json").is_file()}
+    if todo:
+        (out / "eval").mkdir(parents=True, exist_ok=True)
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        # spawn: a fresh interpreter per worker, no forked torch thread pools.
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_evaluate_timed, run_dir, preset, key[0], key[1], key[2], threads): key
+                       for key, run_dir in todo.items()}
+            for index, future in enumerate(as_completed(futures), 1):
+                task, method, seed = futures[future]
+                record = future.result()
+                (out / "eval" / f"{runs[futures[future]].name}.json").write_text(json.dumps(record))
+                seen, unseen = record["summary"]["seen"], record["summary"]["unseen"]
+                _log(f"[eval {index}/{len(todo)}, load {_load()}] {task} / {method}: seen {seen['accuracy']:.3f}, "
+                     f"unseen {unseen['accuracy'] if unseen else float('nan'):.3f} "
+                     f"({record['eval_timing']['wall_s']:.0f} s wall, {record['eval_timing']['cpu_s']:.0f} s CPU)")
+    return [json.loads((out / "eval" / f"{run_dir.name}.json").read_text()) for run_dir in runs.values()]
+
+
+def timings(out: Path, runs: dict[tuple[str, str, int], Path], records: list[dict]) -> dict:
+    """Summed CPU seconds of training and evaluation (this invocation's and earlier ones')."""
+    train = [json.loads(path.read_text()) for run_dir in runs.values()
+             if (path := out / "timing" / f"{run_dir.name}.json").is_file()]
+    evals = [r["eval_timing"] for r in records if "eval_timing" in r]
+    return {"train_cpu_s": sum(t["cpu_s"] for t in train), "train_runs_timed": len(train),
+            "eval_cpu_s": sum(t["cpu_s"] for t in evals), "eval_runs_timed": len(evals), "runs": len(runs),
+            "cores": os.cpu_count(), "per_run_train_cpu_s": {run_dir.name: json.loads(path.read_text())["cpu_s"]
+                                                               for run_dir in runs.values()
+                                                               if (path := out / "timing" / f"{run_dir.name}.json").is_file()}}
+
+
+def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str, jobs: int = 1) -> Path:
     """Train, evaluate, report; returns the report path."""
     from pretrain.tasks.report import write_report
 
-    started = time.time()
+    started, load_start = time.time(), _load()
     out.mkdir(parents=True, exist_ok=True)
-    runs = train_runs(out, preset, seeds)
-    records = evaluate_runs(out, preset, runs)
-    report = write_report(out, preset_name, preset, records, seeds, time.time() - started)
+    runs = train_runs(out, preset, seeds, jobs)
+    records = evaluate_runs(out, preset, runs, jobs)
+    timing = {**timings(out, runs, records), "wall_s": time.time() - started, "jobs": jobs,
+              "load_start": load_start, "load_end": _load()}
+    report = write_report(out, preset_name, preset, records, seeds, timing)
     _log(f"report: {report}")
     return report
 
@@ -202,6 +307,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds (42, 137, 2024, then 1, 2, ...)")
     parser.add_argument("--tasks", nargs="+", default=None, help="subset of the preset's tasks")
     parser.add_argument("--methods", nargs="+", default=None, help=f"subset of {list(METHODS)}")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="runs trained / evaluated side by side, each with cores/jobs threads (default: cores)")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     unknown = [t for t in args.tasks or [] if t not in preset.tasks] + [m for m in args.methods or [] if m not in METHODS]
@@ -213,6 +320,9 @@ def main(argv: list[str]) -> int:
         preset = dataclasses.replace(preset, tasks={t: preset.tasks[t] for t in args.tasks})
     if args.methods:
         preset = dataclasses.replace(preset, methods=tuple(args.methods))
+    if args.jobs < 1:
+        print(f"error: --jobs {args.jobs} must be >= 1", file=sys.stderr)
+        return 2
     seeds = ([42, 137, 2024] + list(range(1, 100)))[: args.seeds]
-    run_suite(Path(args.output), preset, seeds, args.preset)
+    run_suite(Path(args.output), preset, seeds, args.preset, args.jobs)
     return 0

@@ -37,6 +37,8 @@ def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
         assert [r["seen"] for r in record["lengths"]] == [True] * 3 + [False] * 9
     report = (tmp_path / "report.md").read_text()
     assert "| copy |" in report and (tmp_path / "accuracy_copy.png").stat().st_size > 0
+    assert len(results["timing"]["per_run_train_cpu_s"]) == 8 and results["timing"]["train_cpu_s"] > 0
+    assert "**estimated** wall time" in report and "## Against the RoPE baseline" in report
     again = reproduce_tasks(tmp_path)
     assert again.returncode == 0 and "to train" not in again.stdout and "[eval" not in again.stdout
 
@@ -44,6 +46,11 @@ def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
 def test_unknown_method_is_one_line_and_exit_code_2(tmp_path):
     proc = reproduce_tasks(tmp_path, "--methods", "rope", "kerple")
     assert proc.returncode == 2 and "kerple" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_jobs_below_one_is_one_line_and_exit_code_2(tmp_path):
+    proc = reproduce_tasks(tmp_path, "--jobs", "0")
+    assert proc.returncode == 2 and "--jobs 0 must be >= 1" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def task_config(**data):

@@ -1,0 +1,171 @@
+"""The report's findings, computed from the results: each method against the RoPE baseline, and the papers.
+
+Every sentence here is a function of the measured accuracies and their binomial standard errors;
+the only constants are the papers' published numbers (PAPER_CLAIMS), each quoted with its
+source and metric. A difference counts as real when it exceeds 2 SE of the difference (SEs of
+the two means combined as if independent; both methods see the same held-out examples, so this
+is conservative for paired differences).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BASELINE = "rope"
+SEEN_TARGET = 0.95  # the baseline must learn the task in distribution, else unseen numbers test nothing
+
+
+@dataclass(frozen=True)
+class PaperClaim:
+    """One published pair: `method` vs `baseline` on `task`, in the paper's own metric."""
+
+    source: str
+    task: str
+    method: str
+    baseline: str
+    method_value: float | None  # % (None: the paper gives no number, only the direction)
+    baseline_value: float | None
+    metric: str  # the paper's metric, in words
+    ours: str  # which of our numbers is closest: "unseen" (lengths N+1..4N) or "all" (lengths 2..4N)
+
+
+_WARP = "Index warping Table A (sequence accuracy averaged over lengths 2..5M, train U(2, M))"
+_RUOSS = "Ruoss et al. Table 1 (per-token accuracy on unseen lengths 41..500, chance 50 %, best of 30 runs)"
+PAPER_CLAIMS: tuple[PaperClaim, ...] = (
+    PaperClaim("RFS Table 1 / Fig. 3 (exact match on unseen lengths 21..40, train ≤ 20, 12 layers, 40k steps)",
+               "copy", "rfs", "rope", 83.7, None, "unseen exact match", "unseen"),
+    *(PaperClaim(_WARP, task, method, "rope", value, base, "mean sequence accuracy", "all")
+      for task, base, values in (("copy", 19.2, {"alibi": 27.9, "rpe": 26.8, "warp": 43.2}),
+                                 ("reverse", 20.4, {"alibi": 22.4, "rpe": 39.3, "warp": 39.8}),
+                                 ("sort", 18.8, {"alibi": 33.6, "rpe": 43.0, "warp": 53.7}),
+                                 ("summation", 27.9, {"alibi": 33.0, "rpe": 32.2, "warp": 29.5}))
+      for method, value in values.items()),
+    *(PaperClaim(_RUOSS, task, method, "rope", value, base, "per-token accuracy", "unseen")
+      for task, base, values in (("reverse", 51.9, {"rpe": 69.9, "alibi": 62.3, "nope": 52.8}),
+                                 ("duplicate", 50.9, {"rpe": 68.9, "alibi": 51.3, "nope": 52.8}),
+                                 ("missing_duplicate", 56.5, {"rpe": 88.7, "alibi": 54.3, "nope": 52.5}))
+      for method, value in values.items()),
+)
+
+
+def _pct(entry: dict) -> str:
+    return f"{100 * entry['accuracy']:.1f} ± {100 * entry['se']:.1f}"
+
+
+def difference(a: dict, b: dict) -> tuple[float, float, str]:
+    """(a − b, SE of the difference, 'higher' | 'lower' | 'no significant difference' at 2 SE)."""
+    delta, se = a["accuracy"] - b["accuracy"], math.sqrt(a["se"] ** 2 + b["se"] ** 2)
+    verdict = "no significant difference" if abs(delta) <= 2 * se else ("higher" if delta > 0 else "lower")
+    return delta, se, verdict
+
+
+def all_lengths(row: dict, count: int) -> dict:
+    """Mean exact match over every evaluated length ≥ 2 (the warping paper's Table A averaging), ± SE."""
+    accuracy = [a for length, a in zip(row["lengths"], row["accuracy"]) if length >= 2]
+    n = count * len(row["seeds"])
+    se = math.sqrt(sum(a * (1 - a) / n for a in accuracy)) / len(accuracy)
+    return {"accuracy": sum(accuracy) / len(accuracy), "se": se}
+
+
+def reach(row: dict, threshold: float = 0.5) -> int:
+    """Longest length n with exact match ≥ `threshold` at every evaluated length up to n (0 if none)."""
+    longest = 0
+    for length, accuracy in zip(row["lengths"], row["accuracy"]):
+        if accuracy < threshold:
+            break
+        longest = length
+    return longest
+
+
+def reach_table(summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
+    """Tasks × methods: reach (lengths past the training maximum N that still hold ≥ 50 %)."""
+    lines = ["**Reach**: longest length n with ≥ 50 % exact match at every length ≤ n (training max N in the "
+             "first column)", "", "| Task (N) | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
+    for task, rows in summary.items():
+        n = next(iter(rows.values()))["train_lengths"][1]
+        cells = [f"{reach(rows[m])} ({reach(rows[m]) - n:+d})" if m in rows else "—" for m in methods]
+        lines.append(f"| {task} ({n}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def nope_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -> list[str]:
+    """Per task: do the RoPE position augmentations beat dropping positions altogether (NoPE)?"""
+    lines = []
+    for task, rows in summary.items():
+        if "nope" not in rows or rows["nope"]["unseen"] is None:
+            continue
+        verdicts: dict[str, list[str]] = {"higher": [], "no significant difference": [], "lower": []}
+        for method in methods:
+            if method in ("rope", "nope", "alibi") or method not in rows:
+                continue
+            verdicts[difference(rows[method]["unseen"], rows["nope"]["unseen"])[2]].append(method)
+        lines.append(f"- **{task}** vs NoPE ({_pct(rows['nope']['unseen'])} unseen): above it "
+                     f"{', '.join(verdicts['higher']) or 'none'}; within 2 SE "
+                     f"{', '.join(verdicts['no significant difference']) or 'none'}; below it "
+                     f"{', '.join(verdicts['lower']) or 'none'}.")
+    return lines
+
+
+def baseline_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -> list[str]:
+    """Per task: does the baseline learn seen lengths, and which methods beat / tie / trail it unseen."""
+    lines = []
+    for task, rows in summary.items():
+        base = rows.get(BASELINE)
+        if base is None:
+            lines.append(f"- **{task}**: no {BASELINE} baseline in this run; no comparison.")
+            continue
+        learned = base["seen"]["accuracy"] >= SEEN_TARGET
+        head = (f"- **{task}**: {BASELINE} seen {_pct(base['seen'])} % "
+                + (f"(≥ {100 * SEEN_TARGET:.0f} %: the baseline learned the task)" if learned else
+                   f"(**below {100 * SEEN_TARGET:.0f} %: the baseline did not learn the task in distribution, so "
+                   f"unseen-length differences below do not measure length generalisation**)"))
+        parts = []
+        for method in methods:
+            if method == BASELINE or method not in rows or rows[method]["unseen"] is None:
+                continue
+            delta, se, verdict = difference(rows[method]["unseen"], base["unseen"])
+            word = {"higher": "beats", "lower": "trails", "no significant difference": "does not beat"}[verdict]
+            note = ""
+            seen_delta, _, seen_verdict = difference(rows[method]["seen"], base["seen"])
+            if seen_verdict == "lower":
+                note = f"; in distribution it loses {-100 * seen_delta:.1f} points (seen {_pct(rows[method]['seen'])})"
+            parts.append(f"{method} {word} it on unseen lengths ({_pct(rows[method]['unseen'])} vs "
+                         f"{_pct(base['unseen'])}, Δ {100 * delta:+.1f} ± {100 * se:.1f}){note}")
+        lines.append(head + ("; " + "; ".join(parts) + "." if parts else "."))
+    return lines
+
+
+def paper_comparison(summary: dict[str, dict[str, dict]], count: int) -> list[str]:
+    """One line per published pair we also measured: theirs, ours, and whether the direction agrees."""
+    lines = []
+    for claim in PAPER_CLAIMS:
+        rows = summary.get(claim.task, {})
+        if claim.method not in rows or claim.baseline not in rows:
+            continue
+
+        def ours(method: str) -> dict | None:
+            return rows[method]["unseen"] if claim.ours == "unseen" else all_lengths(rows[method], count)
+
+        mine, base = ours(claim.method), ours(claim.baseline)
+        if mine is None or base is None:
+            continue
+        delta, se, verdict = difference(mine, base)
+        if claim.baseline_value is None:
+            theirs = f"{claim.method} {claim.method_value:.1f} ({claim.baseline} without it: near 0 in Fig. 3)"
+            paper_direction = "higher"
+        else:
+            theirs = (f"{claim.method} {claim.method_value:.1f} vs {claim.baseline} {claim.baseline_value:.1f} "
+                      f"(Δ {claim.method_value - claim.baseline_value:+.1f})")
+            paper_direction = "higher" if claim.method_value > claim.baseline_value else "lower"
+        if verdict == paper_direction:
+            agreement = "same direction"
+        elif verdict == "no significant difference":
+            agreement = "not reproduced (no significant difference here)"
+        else:
+            agreement = "**opposite direction**"
+        scope = "unseen lengths" if claim.ours == "unseen" else "all lengths 2..4N"
+        lines.append(f"- {claim.task}, {claim.method} vs {claim.baseline} — paper ({claim.source}): {theirs}; "
+                     f"ours ({scope}, exact match): {_pct(mine)} vs {_pct(base)} (Δ {100 * delta:+.1f} ± "
+                     f"{100 * se:.1f}) → {agreement}.")
+    return lines

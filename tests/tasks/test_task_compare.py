@@ -1,0 +1,75 @@
+"""The report's computed findings: method vs baseline verdicts, paper agreement, runtime text. Runtime < 1 s."""
+
+from pretrain.tasks.compare import all_lengths, baseline_findings, difference, paper_comparison
+from pretrain.tasks.report import runtime_text
+
+
+def part(accuracy, se=0.01):
+    return {"accuracy": accuracy, "se": se}
+
+
+def row(seen, unseen, accuracy=(1.0, 1.0, 0.0, 0.0)):
+    return {"seen": part(seen), "unseen": part(unseen), "lengths": [1, 2, 3, 4], "accuracy": list(accuracy),
+            "seeds": [42], "train_lengths": [1, 2]}
+
+
+def test_a_difference_beyond_two_standard_errors_is_higher_or_lower():
+    assert difference(part(0.5), part(0.4))[2] == "higher"
+    assert difference(part(0.4), part(0.5))[2] == "lower"
+
+
+def test_a_difference_within_two_standard_errors_is_not_significant():
+    assert difference(part(0.42), part(0.4))[2] == "no significant difference"
+
+
+def test_findings_say_which_methods_beat_and_which_do_not_beat_the_baseline():
+    summary = {"copy": {"rope": row(0.99, 0.10), "rfs": row(0.99, 0.40), "rpe": row(0.99, 0.11)}}
+    text = baseline_findings(summary, ["rope", "rfs", "rpe"])[0]
+    assert "rfs beats it" in text and "rpe does not beat it" in text and "did not learn" not in text
+
+
+def test_findings_flag_a_baseline_below_95_percent_on_seen_lengths():
+    text = baseline_findings({"copy": {"rope": row(0.80, 0.0)}}, ["rope"])[0]
+    assert "did not learn the task in distribution" in text
+
+
+def test_findings_report_a_method_that_loses_accuracy_in_distribution():
+    text = baseline_findings({"copy": {"rope": row(0.99, 0.1), "posaug": row(0.70, 0.1)}}, ["rope", "posaug"])[0]
+    assert "in distribution it loses 29.0 points" in text
+
+
+def test_paper_comparison_calls_a_reversed_difference_opposite():
+    # Warping Table A: warp 43.2 vs RoPE 19.2 on copy (all lengths); here warp is far worse.
+    summary = {"copy": {"rope": row(1.0, 0.5, (1.0, 1.0, 1.0, 1.0)), "warp": row(1.0, 0.0, (1.0, 0.0, 0.0, 0.0))}}
+    lines = [line for line in paper_comparison(summary, count=200) if "warp vs rope" in line]
+    assert len(lines) == 1 and "opposite direction" in lines[0]
+
+
+def test_paper_comparison_skips_pairs_this_run_did_not_measure():
+    assert paper_comparison({"copy": {"rope": row(1.0, 0.1)}}, count=200) == []
+
+
+def test_all_lengths_mean_starts_at_length_two_like_the_warping_paper():
+    assert all_lengths(row(1.0, 0.0, (0.0, 1.0, 1.0, 0.0)), count=200)["accuracy"] == 2 / 3
+
+
+def test_runtime_text_labels_the_quiet_machine_wall_time_an_estimate_from_cpu_time():
+    timing = {"wall_s": 3600, "train_cpu_s": 1500, "eval_cpu_s": 300, "jobs": 2, "cores": 2, "runs": 16,
+              "train_runs_timed": 16, "load_start": "9.0", "load_end": "3.0"}
+    text = runtime_text(timing)
+    assert "60.0 min wall" in text and "30.0 min" in text and "≈ CPU / 2 = 15.0 min (an estimate" in text
+    assert "9.0" in text
+
+
+def test_reach_is_the_longest_length_before_accuracy_first_drops_below_half():
+    from pretrain.tasks.compare import reach
+
+    assert reach(row(1.0, 0.0, (1.0, 0.9, 0.4, 0.8))) == 2
+
+
+def test_nope_findings_sort_augmentations_above_within_and_below_nope():
+    from pretrain.tasks.compare import nope_findings
+
+    summary = {"copy": {"nope": row(1.0, 0.3), "rfs": row(1.0, 0.6), "rpe": row(1.0, 0.31), "warp": row(1.0, 0.1)}}
+    text = nope_findings(summary, ["rope", "rfs", "rpe", "warp", "nope"])[0]
+    assert "above it rfs;" in text and "within 2 SE rpe;" in text and "below it warp." in text
