@@ -43,12 +43,12 @@ METHODS: dict[str, Method] = {
     "rope": Method({}, {"strategy": "none"}),
     "posaug": Method({}, {"strategy": "posaug", "alpha_min": 0.125, "alpha_max": 8.0, "alpha_distribution": "uniform"}),
     # per_sample: the papers draw one sorted position row per example, not one per microbatch.
-    "rfs": Method({}, {"strategy": "rfs", "per_sample": True}, max_position="rfs"),
-    "rpe": Method({}, {"strategy": "rpe", "per_sample": True}, max_position="eval"),
+    "rfs": Method({}, {"strategy": "rfs", "granularity": "per_sample"}, max_position="rfs"),
+    "rpe": Method({}, {"strategy": "rpe", "granularity": "per_sample"}, max_position="eval"),
     "warp": Method({}, {"strategy": "warp", "p_head": 0.15, "p_tail": 0.15, "tail_function": "sqrt"}),
     "nope": Method({"position_embedding_type": "none"}, {"strategy": "none"}),
     "alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "none"}),
-    "rfs_alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "rfs", "per_sample": True},
+    "rfs_alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "rfs", "granularity": "per_sample"},
                         max_position="eval"),
 }
 
