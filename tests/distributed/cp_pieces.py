@@ -73,7 +73,7 @@ def loss_reduction(cp_group) -> None:
     loss.backward()
     summed = loss.detach().clone()
     dist.all_reduce(summed, group=cp_group)
-    engine_loss = _reduce_loss([{"lm loss": reported, "microbatch": 0}], step=0)
+    engine_loss, _ = _reduce_loss([{"lm loss": reported, "microbatch": 0}])
     report({"kind": "loss", "full": full_loss.item(), "reported": reported.item(), "summed": summed.item(),
             "engine": engine_loss, "grad_diff": (local.grad - mine["grad"]).abs().max().item(),
             "local_mean": (mine["loss"] * mine["mask"]).sum().item() / max(mine["mask"].sum().item(), 1.0)})

@@ -249,7 +249,8 @@ def test_a_lost_node_fails_the_step_clearly_and_the_requeued_job_resumes_from_th
         log = two_node_log(tmp_path, job_id)
         assert "srun: error: Node failure on node2" in log, log[-5000:]
         assert re.search(r"\n0: \[rank0\]: RuntimeError: .*Connection (reset|closed) by peer", log), log[-5000:]
-        assert re.search(r"\[posaug-slurm\] training step exited with code [1-9]", log)
+        # -1 when SLURM's SIGTERM for the requeue reaches the batch shell before srun returns
+        assert re.search(r"\[posaug-slurm\] training step exited with code -?[1-9]", log), log[-3000:]
         assert job["Requeue"] == "1"
         last = int((tmp_path / "runs" / "113m_posaug_seed42" / "latest_checkpointed_iteration.txt").read_text())
         assert last in (10, 20)
