@@ -108,7 +108,8 @@ class FloatPositionGPTModel(GPTModel):
             if position_ids is None:
                 raise ValueError("an ALiBi model needs positions (position_ids) to build its attention bias")
             if kwargs.get("inference_context") is not None:
-                raise NotImplementedError("ALiBi models run full forwards only (no KV-cache inference)")
+                raise ValueError("ALiBi models run full forwards only (no Megatron KV-cache inference): decode with "
+                                 "megatron_ext.generation.greedy_generate")
             extra = dict(kwargs.get("extra_block_kwargs") or {})
             extra["attention_bias"] = self.alibi_bias_for(position_ids)
             kwargs["extra_block_kwargs"] = extra

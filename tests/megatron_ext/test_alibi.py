@@ -140,6 +140,14 @@ def test_alibi_gradients_flow_through_the_biased_attention(megatron_world, token
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+def test_alibi_refuses_a_megatron_inference_context_naming_greedy_generate(alibi_model, tokens):
+    from megatron.core.inference.contexts import StaticInferenceContext
+
+    context = StaticInferenceContext(max_batch_size=B, max_sequence_length=64)
+    with pytest.raises(ValueError, match="greedy_generate"):
+        alibi_model(tokens, torch.arange(S, dtype=torch.float32), None, inference_context=context)
+
+
 def test_alibi_refuses_per_layer_positions_naming_rope(alibi_model, tokens):
     arange = torch.arange(S, dtype=torch.float32)
     rope = RopePositions(positions=arange, layer_positions=torch.stack([arange] * CONFIG.num_layers))
