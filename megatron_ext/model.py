@@ -25,6 +25,7 @@ RECOMPUTE_METHODS = (None, "uniform", "block")
 # rope: RoPE at the sampler's positions; none: NoPE (Megatron's "none"); alibi: no RoPE, an
 # attention bias -m_h·|p_i - p_j| from the same positions (megatron_ext.alibi).
 POSITION_EMBEDDING_TYPES = ("rope", "none", "alibi")
+CORE_ATTENTIONS = ("sdpa", "megatron")  # model.core_attention (megatron_ext.sdpa_attention)
 
 
 @dataclass
@@ -58,6 +59,11 @@ class ModelConfig:
     recompute_method: str | None = None  # None | uniform | block (full only)
     recompute_num_layers: int | None = None  # layers per recompute unit (uniform) / per stage (block)
     position_embedding_type: str = "rope"  # rope | none (NoPE) | alibi
+    # Core attention of the local layers (not a Megatron field: Megatron's local spec has one):
+    # sdpa = torch's scaled_dot_product_attention (flash kernel, scores never materialised);
+    # megatron = Megatron's DotProductAttention (baddbmm + masked softmax + bmm). Same math and
+    # weights; sdpa falls back to megatron's path for calls it does not cover (megatron_ext.sdpa_attention).
+    core_attention: str = "sdpa"
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -82,6 +88,8 @@ class ModelConfig:
                              f"(got {self.position_embedding_type!r})")
         if self.kv_channels % 2 and self.position_embedding_type == "rope":
             raise ValueError(f"model.kv_channels must be even for RoPE (got {self.kv_channels})")
+        if self.core_attention not in CORE_ATTENTIONS:
+            raise ValueError(f"model.core_attention must be one of {CORE_ATTENTIONS} (got {self.core_attention!r})")
         if self.rotary_base <= 1:
             raise ValueError(f"model.rotary_base must be > 1 (got {self.rotary_base})")
         if self.transformer_impl not in TRANSFORMER_IMPLS:
@@ -181,13 +189,13 @@ class ParallelConfig:
                                  "parallel.pipeline_model_parallel_size > 1 (interleaving splits pipeline stages)")
             if vp == 1:
                 self.virtual_pipeline_model_parallel_size = None  # one chunk is plain 1F1B
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            self.sequence_parallel = False  # Megatron disables it for TP=1 too
 
     @property
     def model_chunks(self) -> int:
         """Model chunks on each pipeline rank (the virtual pipeline size, 1 without interleaving)."""
         return self.virtual_pipeline_model_parallel_size or 1
-        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
-            self.sequence_parallel = False  # Megatron disables it for TP=1 too
 
     def data_parallel_size(self, world_size: int) -> int:
         """DP = world / (TP × PP × CP); ValueError when the world does not divide."""
@@ -329,6 +337,10 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         spec = alibi_layer_spec(model.transformer_impl, **spec_kwargs)
     else:
         spec = layer_spec_function(model)(**spec_kwargs)
+        if model.transformer_impl == "local":
+            from megatron_ext.sdpa_attention import with_core_attention
+
+            spec = with_core_attention(spec, model.core_attention)
     return FloatPositionGPTModel(
         config=config,
         transformer_layer_spec=spec,

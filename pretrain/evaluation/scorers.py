@@ -25,7 +25,8 @@ dropped), so the two backends compute the same distribution.
 # - `DynamicCache.layers[i].keys/values` (_keep_last): truncated to the paper's sliding KV window.
 # Reaches into Megatron-Core internals (Megatron backend; checked against megatron-core 0.16.1):
 # - local `DotProductAttention.attention_dropout` (a submodule): a forward hook on it reads the
-#   attention probabilities for the entropy metric — the only place they exist as a tensor.
+#   attention probabilities for the entropy metric — the only place they exist as a tensor
+#   (SDPA core attentions are switched to Megatron's unfused path for that call).
 
 from __future__ import annotations
 
@@ -303,6 +304,8 @@ class MegatronScorer(Scorer):
 
     @torch.no_grad()
     def attention_entropy(self, tokens, rope):
+        from megatron_ext.sdpa_attention import materialized_probabilities
+
         cores = [m for m in self.model.modules() if hasattr(m, "attention_dropout") and hasattr(m, "softmax_scale")]
         total = torch.zeros(tokens.shape, dtype=torch.float64)
 
@@ -311,7 +314,8 @@ class MegatronScorer(Scorer):
 
         handles = [m.attention_dropout.register_forward_hook(hook) for m in cores]
         try:
-            self.model(tokens.to(self.device), self._rope(rope), None)
+            with materialized_probabilities(self.model):  # SDPA never forms the probabilities
+                self.model(tokens.to(self.device), self._rope(rope), None)
         finally:
             for h in handles:
                 h.remove()

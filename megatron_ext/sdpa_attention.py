@@ -1,0 +1,96 @@
+"""Megatron's local core attention computed by torch's scaled_dot_product_attention (SDPA).
+
+Megatron-Core's `DotProductAttention` (the local layer spec's core attention) materialises the
+[b·np, sq, sk] scores with baddbmm, masks and soft-maxes them, and multiplies back with bmm.
+On CPU that is most of the gap to a plain PyTorch loop (benchmarks/bench_vs_torch.py): SDPA's
+flash kernel never materialises the scores. `SDPADotProductAttention` is the same module —
+same constructor, parameters, state dict and `softmax_scale` (which rope_hook rescales for
+YaRN) — whose forward calls SDPA for the case every run here uses: causal self-attention,
+sq == sk, no attention mask tensor, no dropout, vanilla softmax, no sliding window. Any other
+call goes to Megatron's own forward unchanged, and so do calls that need the probabilities as
+a tensor (`materialized_probabilities`, for the attention-entropy metric). It is swapped in
+through the ModuleSpec (`model.core_attention`, default sdpa for `transformer_impl=local`);
+Transformer Engine's spec has its own fused attention and is not touched.
+
+Private attributes reached (megatron-core 0.16.1, checked): none beyond DotProductAttention's
+public instance attributes set in its __init__ (softmax_scale, attn_mask_type, config,
+num_attention_heads_per_partition, num_query_groups_per_partition, hidden_size_per_partition,
+softmax_offset).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.utils import is_layer_window_attention
+
+from megatron_ext.model import CORE_ATTENTIONS
+
+
+class SDPADotProductAttention(DotProductAttention):
+    """DotProductAttention whose causal self-attention runs through torch SDPA (flash kernel on CPU)."""
+
+    def __init__(self, config, layer_number: int, *args, **kwargs) -> None:
+        super().__init__(config, layer_number, *args, **kwargs)
+        # Decided once: every reason to leave SDPA that does not depend on the call.
+        self._sdpa_capable = (
+            not config.apply_query_key_layer_scaling
+            and config.softmax_type == "vanilla"
+            and not is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number)
+        )
+        # Set by `materialized_probabilities`: the entropy metric hooks Megatron's
+        # attention_dropout, which only the unfused path calls with the probabilities.
+        self.materialize_probabilities = False
+
+    def _uses_sdpa(self, query, key, attention_mask, attn_mask_type, attention_bias, packed_seq_params) -> bool:
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        return (self._sdpa_capable and not self.materialize_probabilities
+                and mask_type == AttnMaskType.causal and attention_mask is None
+                and attention_bias is None and packed_seq_params is None
+                and query.shape[0] == key.shape[0]
+                and not (self.training and self.attention_dropout.p > 0))
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        """query [sq, b, np, hn], key/value [sk, b, ng, hn] → context [sq, b, np·hn]."""
+        if not self._uses_sdpa(query, key, attention_mask, attn_mask_type, attention_bias, packed_seq_params):
+            return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
+                                   attention_bias=attention_bias, packed_seq_params=packed_seq_params)
+        sq, b = query.shape[:2]
+        # [s, b, heads, d] → [b, heads, s, d]: SDPA's layout; GQA groups are expanded by SDPA itself.
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        context = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.softmax_scale,
+            enable_gqa=self.num_attention_heads_per_partition != self.num_query_groups_per_partition)
+        return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+@contextlib.contextmanager
+def materialized_probabilities(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, SDPA core attentions take Megatron's unfused path (probabilities exist as tensors)."""
+    cores = [m for m in model.modules() if isinstance(m, SDPADotProductAttention)]
+    for core in cores:
+        core.materialize_probabilities = True
+    try:
+        yield
+    finally:
+        for core in cores:
+            core.materialize_probabilities = False
+
+
+def with_core_attention(spec: ModuleSpec, core_attention: str) -> ModuleSpec:
+    """The local layer spec with its core attention chosen by `model.core_attention` (sdpa | megatron)."""
+    if core_attention not in CORE_ATTENTIONS:
+        raise ValueError(f"model.core_attention must be one of {CORE_ATTENTIONS} (got {core_attention!r})")
+    if core_attention == "megatron":
+        return spec
+    spec = copy.deepcopy(spec)
+    spec.submodules.self_attention.submodules.core_attention = SDPADotProductAttention
+    return spec
