@@ -1,6 +1,6 @@
 """CPU cost of a task-suite preset, measured on a subset and extrapolated (labelled as such).
 
-    .venv/bin/python benchmarks/bench_task_suite_cost.py --preset cpu-long --short 20 --long 80
+    .venv/bin/python benchmarks/bench_task_suite_cost.py --preset cpu-papers --short 20 --long 80
 
 Per task, with the RoPE baseline: two trainings of `--short` and `--long` steps (each its own
 process, 1 thread, as the suite runs them); their CPU-time difference / (long − short) is the
@@ -68,7 +68,7 @@ def main() -> None:
     import torch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="cpu-long", choices=sorted(PRESETS))
+    parser.add_argument("--preset", default="cpu-papers", choices=sorted(PRESETS))
     parser.add_argument("--short", type=int, default=20)
     parser.add_argument("--long", type=int, default=80)
     parser.add_argument("--tasks", nargs="+", default=None)

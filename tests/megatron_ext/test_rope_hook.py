@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_ext.model import build_model, transformer_config, layer_spec_function
+from megatron_ext.sdpa_attention import with_core_attention
 from pretrain.experiments.table import model_preset
 from megatron_ext.positions import RopePositions, rope_inv_freq
 
@@ -74,8 +75,9 @@ def test_arange_positions_reproduce_stock_megatron_bit_exactly(model, tokens):
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     config = model_preset("tiny")
-    stock = GPTModel(config=transformer_config(config),
-                     transformer_layer_spec=layer_spec_function(config)(normalization="RMSNorm"),
+    # The same layer spec as ours (the core attention is not what this test is about).
+    spec = with_core_attention(layer_spec_function(config)(normalization="RMSNorm"), config.core_attention)
+    stock = GPTModel(config=transformer_config(config), transformer_layer_spec=spec,
                      vocab_size=config.padded_vocab_size(), max_sequence_length=S,
                      share_embeddings_and_output_weights=True, position_embedding_type="rope").eval()
     stock.load_state_dict(model.state_dict())
