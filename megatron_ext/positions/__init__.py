@@ -14,7 +14,8 @@ Decisions where the sources leave room (each is tested):
 - RPE evaluation follows Ruoss et al. (same random procedure at test time) with a
   fixed evaluation stream, so every evaluation of a run sees the same positions.
 - Warp tail: pos(j) = l * f(j / l) with l = the sequence length (warping paper
-  Eq. 8): the window, or the sequence's own length when training is given lengths; head and tail are exclusive per sample (p_head + p_tail <= 1);
+  Eq. 8): the window, or the sequence's own length when training is given lengths;
+  head and tail are exclusive per sample (p_head + p_tail <= 1);
   evaluation uses PI at train_len / eval_len, never stretching shorter inputs.
 - YaRN attention factor is transformers' mscale 0.1 ln(s) + 1 (multiplies cos and
   sin). The PosAug paper's "sqrt(1 + 0.1 ln s)" wording is not what HF computes.
