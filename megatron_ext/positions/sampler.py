@@ -19,7 +19,8 @@ never waits on the accelerator. Nothing in `training` reads a device tensor back
 host, unless `lengths` is given on one (they are range-checked on the host: pass them on the
 CPU, as the data yields them; they then cost one small host->device copy, like the tokens).
 per_sample adds one generator and one small RNG call per sequence of the microbatch
-(O(micro_batch_size) kernel launches), and its [b, s] positions leave the fused RoPE path (Transformer Engine's fused kernel takes one position row per batch).
+(O(micro_batch_size) kernel launches), and its [b, s] positions leave the fused RoPE path
+(Transformer Engine's fused kernel takes one position row per batch).
 """
 
 from __future__ import annotations
