@@ -14,7 +14,8 @@ Decisions where the sources leave room (each is tested):
 - RPE evaluation follows Ruoss et al. (same random procedure at test time) with a
   fixed evaluation stream, so every evaluation of a run sees the same positions.
 - Warp tail: pos(j) = l * f(j / l) with l = the sequence length (warping paper
-  Eq. 8); head and tail are exclusive per sample (p_head + p_tail <= 1);
+  Eq. 8): the window, or the sequence's own length when training is given lengths;
+  head and tail are exclusive per sample (p_head + p_tail <= 1);
   evaluation uses PI at train_len / eval_len, never stretching shorter inputs.
 - YaRN attention factor is transformers' mscale 0.1 ln(s) + 1 (multiplies cos and
   sin). The PosAug paper's "sqrt(1 + 0.1 ln s)" wording is not what HF computes.
@@ -30,6 +31,11 @@ Decisions where the sources leave room (each is tested):
 - posaug per_sample draws one alpha per sequence (per layer and sequence in
   layer_mode=independent); random_base per_sample gives inv_freq [b, d/2]; cycle
   (one alpha per step by definition) requires per_step.
+- Right-padded variable-length data (training(..., lengths=)): per_sample rfs / rpe /
+  warp draw at the window size as always and use the first n_b draws (RFS), the
+  n_b largest keys (RPE) or l = n_b (warp tail), so a length-n example gets what
+  its paper gives a length-n sequence; padding positions are finite (L, or the
+  tail's l) and never reach a real token under causal attention.
 """
 
 from .config import (ALPHA_DISTRIBUTIONS, CURRICULA, DEFAULT_GRANULARITY, GRANULARITIES, LAYER_MODES,

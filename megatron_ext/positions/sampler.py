@@ -5,6 +5,10 @@ optimizer step and, for per-sample draws, the sequence's index in the step's glo
 batch. Nothing depends on TP/PP/DP/CP sizes, micro-batch size or the number of
 microbatches, so a run draws the same positions for the same sequence in any parallel
 layout; all ranks agree without communication; a restarted run reproduces them.
+Per-example lengths (`training(..., lengths=)`, right-padded variable-length data): the
+draws stay keyed and sized as above, at the window size seq_len, so they are still
+layout-invariant; row b's real positions (j < lengths[b]) are a function of row b's own
+draws and its own length only, never of the other rows' lengths.
 Granularity (`positions.granularity`): per_step = one draw for the whole global batch
 (positions [s]); per_sample = one draw per sequence (positions [b, s], or per-sample
 inverse frequencies for random_base).
@@ -12,9 +16,11 @@ inverse frequencies for random_base).
 Cost contract: position tensors are built on the requested device with a handful of
 tensor ops; per-step scalars (alpha, RoPE base) are drawn with a CPU generator, which
 never waits on the accelerator. Nothing in `training` reads a device tensor back to the
-host. per_sample adds one generator and one small RNG call per sequence of the
-microbatch (O(micro_batch_size) kernel launches), and its [b, s] positions leave the
-fused RoPE path (Transformer Engine's fused kernel takes one position row per batch).
+host, unless `lengths` is given on one (they are range-checked on the host: pass them on the
+CPU, as the data yields them; they then cost one small host->device copy, like the tokens).
+per_sample adds one generator and one small RNG call per sequence of the microbatch
+(O(micro_batch_size) kernel launches), and its [b, s] positions leave the fused RoPE path
+(Transformer Engine's fused kernel takes one position row per batch).
 """
 
 from __future__ import annotations
@@ -73,8 +79,19 @@ class PositionSampler:
         return self.config.granularity == "per_sample" and self.config.strategy != "none"
 
     def training(self, step: int, seq_len: int, *, first_sample: int, batch_size: int,
-                 device: torch.device | str | None = None) -> RopePositions:
-        """Positions of the `batch_size` sequences of step `step` whose global-batch indices start at `first_sample`."""
+                 device: torch.device | str | None = None, lengths: torch.Tensor | None = None) -> RopePositions:
+        """Positions of the `batch_size` sequences of step `step` whose global-batch indices start at `first_sample`.
+
+        `lengths`: optional int tensor [batch_size], each sequence's real token count (1..seq_len;
+        the rest is right padding). rfs / rpe / warp at per_sample granularity then draw for each
+        sequence's own length, as their papers do (RFS: n sorted uniforms in [0, L); RPE: n sorted
+        distinct integers of [0, L); warp: the tail l·f(j / l) with l = n). It is ignored
+        otherwise: a per_step draw is one row shared by the batch, which cannot fit several
+        lengths; posaug's α·i, random_base and none do not depend on the length.
+        Padding positions (j >= n) are finite: L for rfs / rpe, the row's own rule continued
+        (tail: l) for warp. They are loss-masked and, under causal attention, attended to only
+        by later padding tokens, so they never reach a real token.
+        """
         if step < 0:
             raise ValueError(f"step must be >= 0 (got {step})")
         if seq_len < 1:
@@ -84,9 +101,15 @@ class PositionSampler:
                              "microbatch's first sequence in the step's global batch")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+        if lengths is not None:
+            _check_lengths(lengths, seq_len, batch_size)
         device = _device(device)
         samples = range(first_sample, first_sample + batch_size) if self.needs_per_sample else None
         cfg = self.config
+        if samples is None or cfg.strategy not in ("rfs", "rpe", "warp"):
+            lengths = None
+        elif lengths is not None:
+            lengths = lengths.to(device=device, dtype=torch.long)
         if cfg.strategy == "none":
             return RopePositions(strategies.scaled_positions(seq_len, 1.0, device))
         if cfg.strategy == "posaug":
@@ -96,17 +119,17 @@ class PositionSampler:
                                  inv_freq=self._random_inv_freq(step, samples, device))
         if cfg.strategy == "rfs":
             uniforms = self._uniforms(step, samples, seq_len, STREAM_POSITIONS, device)
-            return RopePositions(strategies.rfs_train_positions(uniforms, cfg.max_position))
+            return RopePositions(strategies.rfs_train_positions(uniforms, cfg.max_position, lengths))
         if cfg.strategy == "rpe":
             cfg.validate_for(seq_len)
             keys = self._uniforms(step, samples, cfg.max_position, STREAM_POSITIONS, device)
-            return RopePositions(strategies.rpe_positions(keys, seq_len))
+            return RopePositions(strategies.rpe_positions(keys, seq_len, lengths))
         if cfg.strategy == "warp":
             head_alphas = None if cfg.head_alpha_fixed is not None else self._table("head_alphas", device)
             uniforms = self._uniforms(step, samples, 2, STREAM_POSITIONS, device)
             return RopePositions(strategies.warp_positions(
                 uniforms, seq_len, p_head=cfg.p_head, p_tail=cfg.p_tail, head_alphas=head_alphas,
-                head_alpha_fixed=cfg.head_alpha_fixed, tail_function=cfg.tail_function))
+                head_alpha_fixed=cfg.head_alpha_fixed, tail_function=cfg.tail_function, lengths=lengths))
         raise AssertionError(f"unhandled strategy {cfg.strategy!r}")  # guarded by PositionConfig
 
     def evaluation(self, seq_len: int, device: torch.device | str | None = None) -> RopePositions:
@@ -290,6 +313,20 @@ class PositionSampler:
         k = self.config.layer_count
         chosen = layer < k if mode == "bottom" else layer >= self.num_layers - k
         return RopePositions(base, layer_positions=torch.where(chosen, scaled, base))
+
+
+def _check_lengths(lengths: torch.Tensor, seq_len: int, batch_size: int) -> None:
+    """ValueError naming `lengths` unless it is an integer tensor [batch_size] within 1..seq_len."""
+    if not isinstance(lengths, torch.Tensor) or lengths.dtype.is_floating_point or lengths.dtype.is_complex \
+            or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be an integer tensor of each sequence's token count (got {lengths!r})")
+    if tuple(lengths.shape) != (batch_size,):
+        raise ValueError(f"lengths must have shape [batch_size] = [{batch_size}] (got {list(lengths.shape)})")
+    host = lengths.detach().cpu()  # a no-op for CPU lengths, as the data yields them
+    low, high = int(host.min()), int(host.max())
+    if low < 1 or high > seq_len:
+        raise ValueError(f"lengths must lie in 1..seq_len={seq_len}, each sequence's real token count "
+                         f"(got min {low}, max {high})")
 
 
 def build_sampler(config: PositionConfig, **kwargs) -> PositionSampler:

@@ -99,13 +99,7 @@ def runtime_text(timing: dict) -> str:
             + ".")
 
 
-DEVIATIONS = """- RFS, RPE and warp positions are drawn for the padded training window (the longest example's
-  token count), not for each example's own length: a length-n example gets the first n of the
-  window's sorted positions (a prefix), where the RFS paper draws n sorted positions from [0, L) for
-  it, and warp's tail stretch uses the window length as l. RFS evaluation positions follow the same
-  window (L·(2i − 1) / (2·max(window, T))), so training and evaluation agree with each other, but
-  short examples see only the low part of [0, L) — a narrower augmentation than the papers'.
-- Models are 3-layer, d = 128 decoders trained for minutes on CPU; the papers train 6–12 layers for
+DEVIATIONS = """- Models are 3-layer, d = 128 decoders trained for minutes on CPU; the papers train 6–12 layers for
   10k–2M steps. Compare directions, not magnitudes."""
 
 

@@ -21,7 +21,8 @@ def sequence_tokens(task: str, max_length: int) -> int:
 
 
 def pack(example: Example, seq_length: int) -> dict[str, torch.Tensor]:
-    """tokens / labels / loss_mask of one example, right-padded to `seq_length` (loss on the answer only)."""
+    """tokens / labels / loss_mask of one example, right-padded to `seq_length` (loss on the answer only),
+    and position_length: its number of inputs, so the position sampler draws for the example's length."""
     ids = example.ids()
     if len(ids) - 1 > seq_length:
         raise ValueError(f"a {example.task} example of length {example.length} needs seq_length >= "
@@ -33,7 +34,8 @@ def pack(example: Example, seq_length: int) -> dict[str, torch.Tensor]:
     labels[: len(ids) - 1] = torch.tensor(ids[1:])
     # Input i predicts ids[i + 1]: the answer and <eos> are predicted from inputs answer_start - 1 ...
     loss_mask[example.answer_start - 1: len(ids) - 1] = 1.0
-    return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask}
+    return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask,
+            "position_length": torch.tensor(len(ids) - 1, dtype=torch.long)}
 
 
 class TaskSource:

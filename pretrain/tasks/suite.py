@@ -7,11 +7,13 @@ method's inference-time positions, then a report in the papers' shape (accuracy-
 per task, a table of mean seen / unseen accuracy ± SE, results.json). Finished runs and
 evaluations are reused on a rerun.
 
-Deviation from the papers (also in the report): RFS / RPE / warp positions are drawn for the
-padded training window, not for each example's own length — the sampler is not told the
-lengths (megatron_ext.positions.PositionSampler.training takes only seq_len and batch_size), so a
-length-n example trains on a prefix of the window's positions instead of n positions spread over
-[0, L).
+Training positions follow each example's own length, as the papers draw them: a task sample
+carries position_length (its input count) and the trainer passes it to
+PositionSampler.training(lengths=), so at per_sample granularity a length-n example trains on n
+sorted RFS positions in [0, L), n sorted distinct RPE integers of [0, L), or warp's tail
+n·f(j / n). RFS evaluates at L·(2i − 1) / (2·max(n_tr, T)) with n_tr = the training window, the
+longest training example's input count. The remaining deviation (model size and budget) is in
+the report.
 """
 
 from __future__ import annotations

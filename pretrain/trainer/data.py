@@ -152,14 +152,20 @@ def build_datasets(data_path: str | list, seq_length: int, seed: int, num_train:
     return train, valid
 
 
+# position_length: the real (unpadded) input count of a right-padded sample; only variable-length
+# sources (pretrain.tasks) have it, and the engine hands it to the position sampler.
+BATCH_KEYS = ("tokens", "labels", "loss_mask")
+OPTIONAL_BATCH_KEYS = ("position_length",)
+
+
 def batches(source: SampleSource, first_sample: int, micro_batch_size: int,
             num_microbatches: int) -> Iterator[dict]:
     """`num_microbatches` stacked microbatches starting at sample `first_sample` (wraps around)."""
     for microbatch in range(num_microbatches):
         start = first_sample + microbatch * micro_batch_size
         samples = [source[(start + i) % len(source)] for i in range(micro_batch_size)]
-        yield {key: torch.stack([torch.as_tensor(s[key]) for s in samples])
-               for key in ("tokens", "labels", "loss_mask")}
+        keys = BATCH_KEYS + tuple(k for k in OPTIONAL_BATCH_KEYS if k in samples[0])
+        yield {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in keys}
 
 
 def step_batches(source: SampleSource, step: int, global_batch_size: int, dp_rank: int, dp_size: int,

@@ -3,7 +3,9 @@
 The position sampler is called once per microbatch on every rank and pipeline stage with the
 global-batch index of the microbatch's first sequence; its draws are keyed on (seed, step,
 global sample index), so every rank builds the same positions without communication and any
-TP/PP/DP/CP layout, micro-batch size or accumulation count trains the same model. Under
+TP/PP/DP/CP layout, micro-batch size or accumulation count trains the same model. A batch
+with position_length (right-padded task examples) passes it as the sampler's lengths; every
+rank reads its own batches (no broadcast), so every rank that builds positions has them. Under
 context parallelism each rank takes Megatron's zigzag slice of tokens, labels, loss mask and
 the full-length positions, and the loss is reduced over the CP group (megatron_ext.context_parallel).
 """
@@ -197,8 +199,10 @@ class _ForwardStep:
             positions = self.sampler.evaluation(tokens.shape[1], device=device)
         else:
             first_sample = self.rank_first_sample + microbatch * self.micro_batch_size
+            # position_length stays on the CPU: the sampler range-checks it without a device sync.
             positions = self.sampler.training(self.step, tokens.shape[1], first_sample=first_sample,
-                                              batch_size=tokens.shape[0], device=device)
+                                              batch_size=tokens.shape[0], device=device,
+                                              lengths=batch.get("position_length"))
         if self.cp_group is not None:
             sliced = context_parallel.slice_batch({"tokens": tokens, "labels": labels, "loss_mask": loss_mask},
                                                   self.cp_group)

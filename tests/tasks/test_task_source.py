@@ -13,8 +13,8 @@ from pretrain.tasks.source import TaskSource, evaluation_examples, pack, sequenc
 def test_samples_are_seq_length_tensors_the_trainer_stacks():
     source = TaskSource("sort", 1, 4, sequence_tokens("sort", 4), seed=0)
     sample = source[123]
-    assert set(sample) == {"tokens", "labels", "loss_mask"}
-    assert all(value.shape == (source.seq_length,) for value in sample.values())
+    assert set(sample) == {"tokens", "labels", "loss_mask", "position_length"}
+    assert all(sample[key].shape == (source.seq_length,) for key in ("tokens", "labels", "loss_mask"))
     assert sample["tokens"].dtype == torch.long and sample["loss_mask"].dtype == torch.float32
 
 
@@ -25,6 +25,16 @@ def test_loss_mask_covers_exactly_the_answer_tokens_and_eos(task):
         example, sample = source.example(index), source[index]
         masked = sample["labels"][sample["loss_mask"].bool()].tolist()
         assert decode(masked) == [*example.answer, "<eos>"]
+
+
+def test_position_length_is_the_examples_number_of_inputs_before_the_padding():
+    source = TaskSource("copy", 1, 6, sequence_tokens("copy", 6), seed=0)
+    for index in range(20):
+        example, sample = source.example(index), source[index]
+        length = sample["position_length"]
+        assert length.shape == () and length.dtype == torch.long
+        assert length.item() == len(example.ids()) - 1
+        assert torch.all(sample["tokens"][length:] == PAD) and sample["tokens"][length - 1] != PAD
 
 
 def test_labels_are_the_tokens_shifted_by_one_and_padding_is_unmasked():
