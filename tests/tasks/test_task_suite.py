@@ -71,3 +71,13 @@ def test_a_task_config_validates_without_data_path():
 def test_bad_task_settings_name_the_field_and_fix(data, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
         task_config(**data).validate(world_size=1)
+
+
+def test_the_long_preset_covers_every_task_and_method_at_200_examples_per_length_up_to_4n():
+    from pretrain.tasks.generators import TASKS
+    from pretrain.tasks.suite import METHODS, PRESETS
+
+    long = PRESETS["cpu-long"]
+    assert set(long.tasks) == set(TASKS) and set(long.methods) == set(METHODS)
+    assert long.eval_count >= 200 and long.eval_factor >= 4
+
