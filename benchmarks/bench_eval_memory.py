@@ -1,4 +1,4 @@
-"""Evaluation peak memory at 16K vs 4K tokens: the HF/SDPA scorer is linear in L, Megatron's is not.
+"""Evaluation peak memory at 16K vs 4K tokens, HF and Megatron scorers (both SDPA: linear in L).
 
 What runs: a 'cpu-small' model (d 128, 4 layers, 4 heads, vocab 4096; randomly initialised,
 since memory does not depend on the weights) is saved once as a Megatron checkpoint through
@@ -25,10 +25,11 @@ the chunked LM head ([1024, 4096] logits + log-softmax); above ~8K the forward's
 (~6 KiB per token for this model) dominate and double with L. Where clear_refs is unavailable the child falls back to
 ru_maxrss (which then includes the model load).
 
-The megatron backend (local spec, unfused attention) materialises [heads, L, L] float32
-scores per layer; its 16K case (~4 GiB per score tensor, a few alive at once) runs only when
-the 4K measurement scaled by 16 (quadratic) fits in 60% of MemAvailable and its time, scaled
-the same way, fits --quadratic-time-budget; else it is skipped with the reason printed
+The megatron backend's local layers use SDPA core attention (model.core_attention=sdpa, the
+default) and no longer materialise [heads, L, L] scores; with model.core_attention=megatron they
+do. A quadratic case (16K with Megatron's unfused attention: ~4 GiB per score tensor, a few alive
+at once) runs only when the 4K measurement scaled by 16 fits in 60% of MemAvailable and its time,
+scaled the same way, fits --quadratic-time-budget; else it is skipped with the reason printed
 (it then tries half that length, so the quadratic growth still shows).
 
     .venv/bin/python benchmarks/bench_eval_memory.py [--lengths 4096 16384] [--backends hf megatron]
