@@ -119,6 +119,24 @@ def check_tiny_training() -> str:
             f"(peak {peak:.3g} TFLOP/s, {source})")
 
 
+def check_sdpa_vs_megatron_attention() -> str:
+    """Local layers: SDPA core attention and Megatron's DotProductAttention, same weights, same logits (fp32)."""
+    from megatron_ext.model import build_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    models = []
+    for core_attention in ("megatron", "sdpa"):
+        torch.manual_seed(0)  # the same initial weights
+        models.append(build_model(_tiny_model(transformer_impl="local", bf16=False,
+                                              core_attention=core_attention)).to(device).eval())
+    tokens = _batch(_tiny_model())["tokens"].to(device)
+    positions = torch.arange(tokens.shape[1], dtype=torch.float32, device=device) * 2.5
+    diff = (_logits(models[0], tokens, positions) - _logits(models[1], tokens, positions)).abs().max().item()
+    if diff > 1e-4:
+        raise AssertionError(f"max |logits SDPA − Megatron| = {diff:.2e} > 1e-4 on {device}")
+    return f"max |Δlogits| {diff:.1e} on {device}"
+
+
 # ------------------------------------------------------------------------------ CUDA part
 
 
@@ -236,7 +254,8 @@ def check_113m_throughput() -> str:
 
 
 CPU_CHECKS: dict[str, Callable[[], str]] = {
-    "versions": check_versions, "devices": check_devices, "tiny training (local, 5 steps)": check_tiny_training}
+    "versions": check_versions, "devices": check_devices, "tiny training (local, 5 steps)": check_tiny_training,
+    "local attention: SDPA vs Megatron": check_sdpa_vs_megatron_attention}
 CUDA_CHECKS: dict[str, Callable[[], str]] = {
     "TE vs local logits": check_te_vs_local, "fused vs unfused RoPE, float positions": check_fused_vs_unfused_rope,
     "bf16 vs fp32 loss": check_bf16_vs_fp32, "FP8 step (Hopper)": check_fp8_step,

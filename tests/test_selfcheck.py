@@ -17,6 +17,7 @@ def test_selfcheck_cpu_part_passes_and_cuda_checks_skip_with_the_reason():
     rows = {line[:40].strip(): line[40:].split(None, 1) for line in proc.stdout.splitlines()[:-1]}
     assert rows["versions"][0] == "INFO" and "megatron-core 0.16.1" in rows["versions"][1]
     assert rows["tiny training (local, 5 steps)"][0] == "PASS" and "MFU" in rows["tiny training (local, 5 steps)"][1]
+    assert rows["local attention: SDPA vs Megatron"][0] == "PASS"
     for name in CUDA_CHECKS:
         assert rows[name] == ["SKIP", "no CUDA"], name
     assert proc.stdout.splitlines()[-1] == f"all checks passed ({len(CUDA_CHECKS)} skipped)"
