@@ -24,9 +24,8 @@ dropped), so the two backends compute the same distribution.
 #   attention that returns probabilities, and restored.
 # - `DynamicCache.layers[i].keys/values` (_keep_last): truncated to the paper's sliding KV window.
 # Reaches into Megatron-Core internals (Megatron backend; checked against megatron-core 0.16.1):
-# - local `DotProductAttention.attention_dropout` (a submodule): a forward hook on it reads the
-#   attention probabilities for the entropy metric — the only place they exist as a tensor
-#   (SDPA core attentions are switched to Megatron's unfused path for that call).
+# - local `DotProductAttention.attention_dropout` (a submodule): a forward hook on it reads the attention
+#   probabilities for the entropy metric (SDPA cores take Megatron's unfused path for that call).
 
 from __future__ import annotations
 
@@ -305,7 +304,6 @@ class MegatronScorer(Scorer):
     @torch.no_grad()
     def attention_entropy(self, tokens, rope):
         from megatron_ext.sdpa_attention import materialized_probabilities
-
         cores = [m for m in self.model.modules() if hasattr(m, "attention_dropout") and hasattr(m, "softmax_scale")]
         total = torch.zeros(tokens.shape, dtype=torch.float64)
 
