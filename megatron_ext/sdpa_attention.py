@@ -31,8 +31,6 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import is_layer_window_attention
 
-from megatron_ext.model import CORE_ATTENTIONS
-
 
 class SDPADotProductAttention(DotProductAttention):
     """DotProductAttention whose causal self-attention runs through torch SDPA (flash kernel on CPU)."""
@@ -86,9 +84,7 @@ def materialized_probabilities(model: torch.nn.Module) -> Iterator[None]:
 
 
 def with_core_attention(spec: ModuleSpec, core_attention: str) -> ModuleSpec:
-    """The local layer spec with its core attention chosen by `model.core_attention` (sdpa | megatron)."""
-    if core_attention not in CORE_ATTENTIONS:
-        raise ValueError(f"model.core_attention must be one of {CORE_ATTENTIONS} (got {core_attention!r})")
+    """The local layer spec with its core attention chosen by `model.core_attention` (validated by ModelConfig)."""
     if core_attention == "megatron":
         return spec
     spec = copy.deepcopy(spec)
