@@ -19,7 +19,7 @@ $(VENV)/.installed-core: $(BIN)/python setup.cfg pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-core system-deps
-	$(BIN)/pip install -q -e '.[data,hf,mpi,dev]'
+	$(BIN)/pip install -q -e '.[data,hf,mpi,dev,eval,wandb]'
 	touch $@
 
 venv: $(VENV)/.installed-core
