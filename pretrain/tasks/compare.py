@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-BASELINE = "rope"
-SEEN_TARGET = 0.95  # the baseline must learn the task in distribution, else unseen numbers test nothing
+from .verdict import BASELINE, GATE, gate
+
+SEEN_TARGET = GATE  # the baseline must learn the task in distribution, else unseen numbers test nothing
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class PaperClaim:
     baseline_value: float | None
     metric: str  # the paper's metric, in words
     ours: str  # which of our numbers is closest: "unseen" (lengths N+1..4N) or "all" (lengths 2..4N)
+    metric_key: str = "accuracy"  # ours in the paper's metric: "accuracy" (exact match) or "token_accuracy"
 
 
 _WARP = "Index warping Table A (sequence accuracy averaged over lengths 2..5M, train U(2, M))"
@@ -41,7 +43,7 @@ PAPER_CLAIMS: tuple[PaperClaim, ...] = (
                                  ("sort", 18.8, {"alibi": 33.6, "rpe": 43.0, "warp": 53.7}),
                                  ("summation", 27.9, {"alibi": 33.0, "rpe": 32.2, "warp": 29.5}))
       for method, value in values.items()),
-    *(PaperClaim(_RUOSS, task, method, "rope", value, base, "per-token accuracy", "unseen")
+    *(PaperClaim(_RUOSS, task, method, "rope", value, base, "per-token accuracy", "unseen", "token_accuracy")
       for task, base, values in (("reverse", 51.9, {"rpe": 69.9, "alibi": 62.3, "nope": 52.8}),
                                  ("duplicate", 50.9, {"rpe": 68.9, "alibi": 51.3, "nope": 52.8}),
                                  ("missing_duplicate", 56.5, {"rpe": 88.7, "alibi": 54.3, "nope": 52.5}))
@@ -49,13 +51,15 @@ PAPER_CLAIMS: tuple[PaperClaim, ...] = (
 )
 
 
-def _pct(entry: dict) -> str:
-    return f"{100 * entry['accuracy']:.1f} ± {100 * entry['se']:.1f}"
+def _pct(entry: dict, metric: str = "accuracy") -> str:
+    se = "se" if metric == "accuracy" else "token_se"
+    return f"{100 * entry[metric]:.1f} ± {100 * entry[se]:.1f}"
 
 
-def difference(a: dict, b: dict) -> tuple[float, float, str]:
+def difference(a: dict, b: dict, metric: str = "accuracy") -> tuple[float, float, str]:
     """(a − b, SE of the difference, 'higher' | 'lower' | 'no significant difference' at 2 SE)."""
-    delta, se = a["accuracy"] - b["accuracy"], math.sqrt(a["se"] ** 2 + b["se"] ** 2)
+    se_key = "se" if metric == "accuracy" else "token_se"
+    delta, se = a[metric] - b[metric], math.sqrt(a[se_key] ** 2 + b[se_key] ** 2)
     verdict = "no significant difference" if abs(delta) <= 2 * se else ("higher" if delta > 0 else "lower")
     return delta, se, verdict
 
@@ -92,8 +96,9 @@ def reach_table(summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
 def nope_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -> list[str]:
     """Per task: do the RoPE position augmentations beat dropping positions altogether (NoPE)?"""
     lines = []
+    passed = gate(summary)
     for task, rows in summary.items():
-        if "nope" not in rows or rows["nope"]["unseen"] is None:
+        if "nope" not in rows or rows["nope"]["unseen"] is None or not passed[task]["passed"]:
             continue
         verdicts: dict[str, list[str]] = {"higher": [], "no significant difference": [], "lower": []}
         for method in methods:
@@ -118,8 +123,11 @@ def baseline_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -
         learned = base["seen"]["accuracy"] >= SEEN_TARGET
         head = (f"- **{task}**: {BASELINE} seen {_pct(base['seen'])} % "
                 + (f"(≥ {100 * SEEN_TARGET:.0f} %: the baseline learned the task)" if learned else
-                   f"(**below {100 * SEEN_TARGET:.0f} %: the baseline did not learn the task in distribution, so "
-                   f"unseen-length differences below do not measure length generalisation**)"))
+                   f"(**below {100 * SEEN_TARGET:.0f} %: the baseline did not learn the task in distribution — "
+                   f"not learned, no length-generalisation verdict**)"))
+        if not learned:
+            lines.append(head + ".")
+            continue
         parts = []
         for method in methods:
             if method == BASELINE or method not in rows or rows[method]["unseen"] is None:
@@ -139,18 +147,19 @@ def baseline_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -
 def paper_comparison(summary: dict[str, dict[str, dict]], count: int) -> list[str]:
     """One line per published pair we also measured: theirs, ours, and whether the direction agrees."""
     lines = []
+    passed = gate(summary)
     for claim in PAPER_CLAIMS:
         rows = summary.get(claim.task, {})
-        if claim.method not in rows or claim.baseline not in rows:
+        if claim.method not in rows or claim.baseline not in rows or not passed[claim.task]["passed"]:
             continue
 
         def ours(method: str) -> dict | None:
             return rows[method]["unseen"] if claim.ours == "unseen" else all_lengths(rows[method], count)
 
         mine, base = ours(claim.method), ours(claim.baseline)
-        if mine is None or base is None:
+        if mine is None or base is None or mine.get(claim.metric_key) is None or base.get(claim.metric_key) is None:
             continue
-        delta, se, verdict = difference(mine, base)
+        delta, se, verdict = difference(mine, base, claim.metric_key)
         if claim.baseline_value is None:
             theirs = f"{claim.method} {claim.method_value:.1f} ({claim.baseline} without it: near 0 in Fig. 3)"
             paper_direction = "higher"
@@ -165,7 +174,9 @@ def paper_comparison(summary: dict[str, dict[str, dict]], count: int) -> list[st
         else:
             agreement = "**opposite direction**"
         scope = "unseen lengths" if claim.ours == "unseen" else "all lengths 2..4N"
+        name = "exact match" if claim.metric_key == "accuracy" else "per-token accuracy"
         lines.append(f"- {claim.task}, {claim.method} vs {claim.baseline} — paper ({claim.source}): {theirs}; "
-                     f"ours ({scope}, exact match): {_pct(mine)} vs {_pct(base)} (Δ {100 * delta:+.1f} ± "
+                     f"ours ({scope}, {name}): {_pct(mine, claim.metric_key)} vs {_pct(base, claim.metric_key)} "
+                     f"(Δ {100 * delta:+.1f} ± "
                      f"{100 * se:.1f}) → {agreement}.")
     return lines

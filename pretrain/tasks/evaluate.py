@@ -1,4 +1,11 @@
-"""Exact-match accuracy per length under greedy decoding, over any `model(tokens, positions) -> logits`.
+"""Exact match and per-token accuracy per length, over any `model(tokens, positions) -> logits`.
+
+Two metrics, as the papers report them: exact match of the whole answer under greedy decoding
+(RFS Fig. 2, index warping Fig. 5) and per-token accuracy (Ruoss et al. Table 1: the fraction
+of output tokens predicted correctly, averaged over test lengths). Our models decode
+autoregressively, so per-token accuracy is teacher-forced: the share of answer tokens (and
+`<eos>`) that are the argmax given the correct prefix. An example is an exact match iff its
+per-token accuracy is 1.
 
 Greedy decoding reproduces the answer exactly iff, fed the correct prefix, the model's argmax
 is the next answer token at every answer position (induction over the answer). So one
@@ -26,10 +33,10 @@ PositionsFn = Callable[[int], Any]  # T -> positions for T inputs (e.g. a float 
 
 
 @torch.no_grad()
-def exact_match(model: LogitsFn, examples: list[Example], positions_for: PositionsFn,
-                batch_size: int = 256) -> list[bool]:
-    """Per example: does greedy decoding after the prompt produce exactly `answer <eos>`?"""
-    correct = [False] * len(examples)
+def score(model: LogitsFn, examples: list[Example], positions_for: PositionsFn,
+          batch_size: int = 256) -> list[tuple[int, int]]:
+    """Per example: (answer tokens + `<eos>` predicted correctly given the correct prefix, their number)."""
+    scores = [(0, 0)] * len(examples)
     # Same total size and same answer start: one batch, one position tensor, one slice.
     groups: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, example in enumerate(examples):
@@ -40,10 +47,16 @@ def exact_match(model: LogitsFn, examples: list[Example], positions_for: Positio
             chunk = indices[start:start + batch_size]
             ids = torch.tensor([examples[i].ids() for i in chunk])
             logits = model(ids[:, :-1], positions)
-            hits = (logits[:, answer_start - 1:].argmax(-1) == ids[:, answer_start:]).all(-1)
+            hits = logits[:, answer_start - 1:].argmax(-1) == ids[:, answer_start:]
             for row, i in enumerate(chunk):
-                correct[i] = bool(hits[row])
-    return correct
+                scores[i] = (int(hits[row].sum()), hits.shape[1])
+    return scores
+
+
+def exact_match(model: LogitsFn, examples: list[Example], positions_for: PositionsFn,
+                batch_size: int = 256) -> list[bool]:
+    """Per example: does greedy decoding after the prompt produce exactly `answer <eos>`?"""
+    return [right == total for right, total in score(model, examples, positions_for, batch_size)]
 
 
 @torch.no_grad()
@@ -64,12 +77,14 @@ def greedy_decode(model: LogitsFn, prompt_ids: list[int], max_new_tokens: int,
 
 @dataclass(frozen=True)
 class LengthResult:
-    """Exact-match count at one input length."""
+    """Exact-match count and answer-token count at one input length."""
 
     length: int
     correct: int
     total: int
     seen: bool
+    tokens_correct: int = 0
+    tokens_total: int = 0
 
     @property
     def accuracy(self) -> float:
@@ -82,25 +97,34 @@ class LengthResult:
         p = self.accuracy
         return math.sqrt(p * (1 - p) / self.total)
 
+    @property
+    def token_accuracy(self) -> float:
+        """Fraction of answer tokens (and `<eos>`) predicted correctly, teacher-forced (Ruoss et al.)."""
+        return self.tokens_correct / self.tokens_total if self.tokens_total else float("nan")
+
     def to_dict(self) -> dict:
-        """JSON-ready, with accuracy and se."""
-        return {**asdict(self), "accuracy": self.accuracy, "se": self.se}
+        """JSON-ready, with accuracy, se and token_accuracy."""
+        return {**asdict(self), "accuracy": self.accuracy, "se": self.se, "token_accuracy": self.token_accuracy}
 
 
 def accuracy_by_length(model: LogitsFn, task: str, lengths: Iterable[int], count: int, seed: int,
                        positions_for: PositionsFn, train_lengths: tuple[int, int],
                        batch_size: int = 256) -> list[LengthResult]:
-    """Exact match of `count` held-out examples at each length; `seen` marks the training range."""
+    """Exact match and per-token accuracy of `count` held-out examples at each length; `seen` marks the
+    training range."""
     lo, hi = train_lengths
     results = []
     for length in lengths:
-        hits = exact_match(model, evaluation_examples(task, length, count, seed), positions_for, batch_size)
-        results.append(LengthResult(length, sum(hits), len(hits), lo <= length <= hi))
+        scores = score(model, evaluation_examples(task, length, count, seed), positions_for, batch_size)
+        results.append(LengthResult(length, sum(right == total for right, total in scores), len(scores),
+                                    lo <= length <= hi, sum(right for right, _ in scores),
+                                    sum(total for _, total in scores)))
     return results
 
 
 def summarize(results: list[LengthResult]) -> dict[str, dict[str, float] | None]:
-    """Mean accuracy over seen and over unseen lengths, each with its binomial standard error.
+    """Mean exact match over seen and over unseen lengths, each with its binomial standard error, and the
+    mean per-token accuracy over the same lengths (`token_accuracy`, Ruoss et al.'s metric).
 
     The mean weighs every length equally; its SE is sqrt(sum_l p_l(1 - p_l)/n_l) / #lengths
     (independent binomials per length).
@@ -112,5 +136,6 @@ def summarize(results: list[LengthResult]) -> dict[str, dict[str, float] | None]
             continue
         mean = sum(r.accuracy for r in group) / len(group)
         se = math.sqrt(sum(r.se ** 2 for r in group)) / len(group)
-        out[name] = {"accuracy": mean, "se": se, "lengths": len(group)}
+        out[name] = {"accuracy": mean, "se": se, "lengths": len(group),
+                     "token_accuracy": sum(r.token_accuracy for r in group) / len(group)}
     return out

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
+
+from .verdict import BASELINE, GATE, METRICS, aggregate, best, gate, ranking  # noqa: E402
 
 # What the papers report, for the text under the tables (their setups differ from ours: see there).
 PAPER_NUMBERS = """\
@@ -28,59 +29,92 @@ PAPER_NUMBERS = """\
   Not comparable in scale: per-token accuracy, not exact match."""
 
 
-def _cell(entry: dict | None) -> str:
-    if entry is None:
+def _cell(entry: dict | None, metric: str = "accuracy", bold: bool = False) -> str:
+    """mean ± seed sd (typical per-seed binomial SE), in %; one seed: mean ± binomial SE."""
+    if entry is None or entry.get(metric) is None:
         return "—"
-    return f"{100 * entry['accuracy']:.1f} ± {100 * entry['se']:.1f}"
-
-
-def aggregate(records: list[dict]) -> dict[str, dict[str, dict]]:
-    """task → method → per-length accuracy (mean over seeds) and seen/unseen mean ± binomial SE."""
-    grouped: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for record in records:
-        grouped[(record["task"], record["method"])].append(record)
-    out: dict[str, dict[str, dict]] = defaultdict(dict)
-    for (task, method), group in grouped.items():
-        lengths = [r["length"] for r in group[0]["lengths"]]
-        accuracy = [sum(r["lengths"][i]["accuracy"] for r in group) / len(group) for i in range(len(lengths))]
-        summary = {}
-        for part in ("seen", "unseen"):
-            parts = [r["summary"][part] for r in group]
-            if parts[0] is None:
-                summary[part] = None
-                continue
-            # independent seeds: SE of their mean is sqrt(sum se^2) / n
-            summary[part] = {"accuracy": sum(p["accuracy"] for p in parts) / len(parts),
-                             "se": math.sqrt(sum(p["se"] ** 2 for p in parts)) / len(parts)}
-        out[task][method] = {"lengths": lengths, "accuracy": accuracy, "train_lengths": group[0]["train_lengths"],
-                             "seeds": [r["seed"] for r in group], **summary}
-    return out
+    se_key, sd_key = ("se", "sd") if metric == "accuracy" else ("token_se", "token_sd")
+    seeds = entry["per_seed"]
+    per_seed_se = math.sqrt(sum(p[se_key] ** 2 for p in seeds) / len(seeds))
+    text = (f"{100 * entry[metric]:.1f} ± {100 * entry[sd_key]:.1f} ({100 * per_seed_se:.1f})" if len(seeds) > 1
+            else f"{100 * entry[metric]:.1f} ± {100 * per_seed_se:.1f}")
+    return f"**{text}**" if bold else text
 
 
 def plot_task(task: str, rows: dict[str, dict], path: Path) -> Path:
-    """Exact match vs length, one line per method, training lengths shaded (RFS Fig. 3 / warping Fig. 5)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    """Exact match and per-token accuracy vs length, one line per method (mean over seeds, ± sd band),
+    training lengths shaded and the longest one marked (RFS Fig. 2 / warping Fig. 5)."""
+    panels = [("accuracy", "exact match")] + ([("token_accuracy", "per-token accuracy")]
+                                              if all("token_accuracy" in r for r in rows.values()) else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.0), squeeze=False)
     lo, hi = next(iter(rows.values()))["train_lengths"]
-    ax.axvspan(lo - 0.5, hi + 0.5, color="0.85", label="training lengths")
-    for method, row in rows.items():
-        ax.plot(row["lengths"], row["accuracy"], marker=".", linewidth=1.2, label=method)
-    ax.set(title=task, xlabel="input length", ylabel="exact-match accuracy", ylim=(-0.02, 1.02))
-    ax.legend(fontsize=7, ncol=2)
+    for ax, (key, label) in zip(axes[0], panels):
+        ax.axvspan(lo - 0.5, hi + 0.5, color="0.88", label="training lengths")
+        ax.axvline(hi, color="0.3", linestyle="--", linewidth=0.8, label=f"training max N = {hi}")
+        for method, row in rows.items():
+            line, = ax.plot(row["lengths"], row[key], marker=".", linewidth=1.2, label=method)
+            if key == "accuracy" and len(row["seeds"]) > 1:
+                low = [a - s for a, s in zip(row["accuracy"], row["accuracy_sd"])]
+                high = [a + s for a, s in zip(row["accuracy"], row["accuracy_sd"])]
+                ax.fill_between(row["lengths"], low, high, color=line.get_color(), alpha=0.12, linewidth=0)
+        ax.set(title=f"{task}: {label}", xlabel="input length n", ylabel=label, ylim=(-0.02, 1.02))
+    axes[0][0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+def gate_table(summary: dict[str, dict[str, dict]]) -> str:
+    """Per task: the RoPE baseline's seen exact match per seed and whether the task gets a verdict."""
+    lines = [f"**Learnability gate**: a task gets a length-generalisation verdict only if the {BASELINE} baseline "
+             f"reaches ≥ {100 * GATE:.0f} % exact match on seen lengths (mean over seeds)", "",
+             "| Task | training N | RoPE seen, per seed | mean | verdict |", "|---|---|---|---|---|"]
+    for task, entry in gate(summary).items():
+        n = next(iter(summary[task].values()))["train_lengths"][1]
+        per_seed = ", ".join(f"{100 * a:.1f}" for a in entry["per_seed"]) or "—"
+        mean = f"{100 * entry['seen']:.1f}" if entry["seen"] is not None else "—"
+        lines.append(f"| {task} | {n} | {per_seed} | {mean} | "
+                     + ("learned" if entry["passed"] else "**not learned — no length-generalisation verdict**") + " |")
+    return "\n".join(lines)
+
+
 def tables(summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
-    """Two Ruoss-Table-1-shaped tables (tasks × methods): unseen and seen mean exact match, % ± SE."""
+    """Tasks × methods tables: unseen exact match (RFS / warping), unseen per-token accuracy (Ruoss), seen."""
+    passed = gate(summary)
     text = []
-    for part, title in (("unseen", "Unseen lengths (N+1 … 4N)"), ("seen", "Seen lengths (training range)")):
-        header = "| Task | " + " | ".join(methods) + " |"
-        lines = [f"**{title}**: mean exact match over lengths, % ± binomial SE", "", header,
-                 "|" + "---|" * (len(methods) + 1)]
+    for part, metric, title in (
+            ("unseen", "accuracy", "Unseen lengths (N+1 … 4N), exact match (RFS Fig. 2, warping Fig. 5)"),
+            ("unseen", "token_accuracy", "Unseen lengths (N+1 … 4N), per-token accuracy (Ruoss et al. Table 1)"),
+            ("seen", "accuracy", "Seen lengths (training range), exact match")):
+        lines = [f"**{title}**: mean over lengths, % — mean ± seed sd (typical per-seed binomial SE); one seed: "
+                 "± binomial SE. Bold: the row's best, only where its lead over the runner-up exceeds both seed sds "
+                 "and 2 SE; none in rows without a verdict.", "",
+                 "| Task | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
         for task, rows in summary.items():
-            lines.append(f"| {task} | " + " | ".join(_cell(rows.get(m, {}).get(part)) for m in methods) + " |")
+            judged = passed[task]["passed"] and part == "unseen"
+            winner = best(rows, methods, part, metric) if judged else None
+            label = task if passed[task]["passed"] else f"{task} (not learned — no verdict)"
+            lines.append(f"| {label} | " + " | ".join(_cell(rows[m][part], metric, m == winner) if m in rows else "—"
+                                                     for m in methods) + " |")
+        text.append("\n".join(lines))
+    return "\n\n".join(text)
+
+
+def ranking_text(summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
+    """Methods ranked by mean unseen accuracy over the tasks that pass the gate, in both metrics."""
+    text = []
+    for metric, name in METRICS.items():
+        ranked = ranking(summary, methods, metric)
+        if not ranked:
+            text.append(f"No ranking in {name}: no task passes the gate with every method run.")
+            continue
+        lines = [f"**Ranking, {name} on unseen lengths**, over the {len(ranked[0]['tasks'])} tasks that pass the "
+                 f"gate ({', '.join(ranked[0]['tasks'])}); beats / trails RoPE = beyond the spread", "",
+                 "| method | mean % | mean rank | beats RoPE on | trails RoPE on |", "|---|---|---|---|---|"]
+        for e in ranked:
+            lines.append(f"| {e['method']} | {100 * e['mean']:.1f} | {e['mean_rank']:.2f} | "
+                         f"{', '.join(e['beats_rope']) or '—'} | {', '.join(e['trails_rope']) or '—'} |")
         text.append("\n".join(lines))
     return "\n\n".join(text)
 
@@ -112,19 +146,23 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
     methods = [m for m in preset.methods if any(m in rows for rows in summary.values())]
     plots = [plot_task(task, {m: rows[m] for m in methods if m in rows}, out / f"accuracy_{task}.png")
              for task, rows in summary.items()]
-    ranges = ", ".join(f"{t} U{{{a}..{n}}}" for t, (a, n) in preset.tasks.items())
+    ranges = ", ".join(f"{t} U{{{a}..{n}}} ({preset.iters(t)} steps)" for t, (a, n) in preset.tasks.items()
+                       if t in summary)
     papers = paper_comparison(summary, preset.eval_count)
     report = out / "report.md"
     report.write_text("\n\n".join([
         f"# Length generalisation on algorithmic tasks ({preset_name})",
         f"Training lengths {ranges}; evaluation at every length up to {preset.eval_factor}N, "
-        f"{preset.eval_count} held-out examples per length, greedy decoding, exact match of answer + <eos>. "
-        f"{preset.train_iters} steps × {preset.global_batch_size} examples per method, seeds {seeds}."
+        f"{preset.eval_count} held-out examples per length; exact match of answer + <eos> under greedy decoding "
+        f"and teacher-forced per-token accuracy over the same tokens. Every method of a task trains the same steps "
+        f"on the same examples; seeds {seeds}."
         + (" One seed: ± covers the sampling of held-out examples only, not training-seed variance (the papers "
            "report large seed spread; Ruoss et al. take the best of 30 runs)." if len(seeds) == 1 else
-           f" ± combines the {len(seeds)} seeds' binomial SEs; it does not estimate seed-to-seed variance."),
+           f" ± is the standard deviation over the {len(seeds)} seeds; the binomial SE of one seed is in brackets."),
         runtime_text(timing),
+        gate_table(summary),
         tables(summary, methods),
+        ranking_text(summary, methods),
         reach_table(summary, methods),
         "\n".join(f"![{p.stem}]({p.name})" for p in plots),
         "## Against the RoPE baseline (computed from the tables; Δ beyond 2 SE counts)\n\n"
@@ -132,12 +170,15 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
         "## Against NoPE (does a RoPE position augmentation beat having no positions at all?)\n\n"
         + ("\n".join(nope_findings(summary, methods)) or "NoPE was not in this run."),
         "## Against the papers (computed: direction of each published difference vs ours)\n\n"
-        + ("\n".join(papers) if papers else "No published pair among this run's tasks and methods.")
+        + ("\n".join(papers) if papers else "No published pair among this run's learned tasks and methods.")
         + "\n\nThe papers' numbers in full:\n\n" + PAPER_NUMBERS,
-        "## Deviations from the papers\n\n" + DEVIATIONS,
+        "## Deviations from the papers\n\n" + DEVIATIONS + "".join(f"\n- {d}" for d in preset.deviations),
     ]) + "\n")
     (out / "results.json").write_text(json.dumps(
-        {"preset": preset_name, "seeds": seeds, "timing": timing, "methods": methods,
-         "train_lengths": {t: list(r) for t, r in preset.tasks.items()}, "summary": summary, "records": records},
+        {"preset": preset_name, "seeds": seeds, "timing": timing, "methods": methods, "gate": gate(summary),
+         "train_lengths": {t: list(r) for t, r in preset.tasks.items()},
+         "budgets": {t: preset.budget(t) for t in preset.tasks},
+         "ranking": {metric: ranking(summary, methods, metric) for metric in METRICS},
+         "summary": summary, "records": records},
         indent=1))
     return report

@@ -23,90 +23,13 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pretrain.tasks.generators import TASKS, VOCAB_SIZE
 from pretrain.tasks.source import sequence_tokens
 
 
-@dataclass(frozen=True)
-class Method:
-    """A row of the suite: model.* and positions.* fields (max_position resolved per task)."""
-
-    model: dict
-    positions: dict
-    # positions.max_position: "eval" = the longest evaluation input (RPE must cover it; RFS on ALiBi
-    # uses "the maximum input length of the dataset", RFS App. B.4); "rfs" = 8 × the training window.
-    max_position: str | None = None
-
-
-METHODS: dict[str, Method] = {
-    "rope": Method({}, {"strategy": "none"}),
-    "posaug": Method({}, {"strategy": "posaug", "alpha_min": 0.125, "alpha_max": 8.0, "alpha_distribution": "uniform"}),
-    # per_sample: the papers draw one sorted position row per example, not one per microbatch.
-    "rfs": Method({}, {"strategy": "rfs", "granularity": "per_sample"}, max_position="rfs"),
-    "rpe": Method({}, {"strategy": "rpe", "granularity": "per_sample"}, max_position="eval"),
-    "warp": Method({}, {"strategy": "warp", "p_head": 0.15, "p_tail": 0.15, "tail_function": "sqrt"}),
-    "nope": Method({"position_embedding_type": "none"}, {"strategy": "none"}),
-    "alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "none"}),
-    "rfs_alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "rfs", "granularity": "per_sample"},
-                        max_position="eval"),
-}
-
-
-@dataclass(frozen=True)
-class SuitePreset:
-    """Tasks with their training range (a, N), model, budget and evaluation of one suite."""
-
-    tasks: dict[str, tuple[int, int]]
-    model: dict
-    train_iters: int
-    global_batch_size: int
-    lr: float
-    eval_factor: int = 4  # evaluate lengths 1 .. eval_factor · N
-    eval_count: int = 200  # examples per length
-    methods: tuple[str, ...] = tuple(METHODS)
-
-    def eval_max(self, task: str) -> int:
-        """Longest evaluated length of `task`."""
-        return self.eval_factor * self.tasks[task][1]
-
-
-# d 128, 4 heads (the copy-task probe's model, SwiGLU/RMSNorm as everywhere here).
-_PROBE_MODEL = dict(num_layers=3, hidden_size=128, ffn_hidden_size=352, num_attention_heads=4,
-                    num_query_groups=4)
-PRESETS: dict[str, SuitePreset] = {
-    # Default, ≤ 30 min on 2 cores: copy and reverse (the tasks the RoPE baseline must learn to
-    # ≥ 95 % on seen lengths), N = 10, all 8 methods, one seed: 16 runs. Measured 2026-11-23
-    # (benchmarks/README.md): RoPE 100 % seen on both at 1,000 steps (train loss 0.02 by step 500,
-    # 0.0004 at 1,000), 0 % unseen; every method ≥ 99.7 % seen. One run ≈ 105–145 s CPU at 1 thread
-    # (~0.11 s/step + ~8 s start-up), evaluation ≈ 9 s CPU per run: 35 CPU-min in all ≈ 17.5 min on
-    # 2 quiet cores (estimate from CPU time; 30.5 min wall measured under load 3–20). More tasks or
-    # 1,500+ steps would not fit: N = 20 (cpu-papers) doubles the per-step cost.
-    "cpu-small": SuitePreset(tasks={"copy": (1, 10), "reverse": (1, 10)}, model=_PROBE_MODEL,
-                             train_iters=1000, global_batch_size=64, lr=1e-3),
-    # Every task and every method at a budget that runs in one sitting (benchmarks/README.md has its
-    # measured wall and CPU time): the copy-like tasks at cpu-small's N = 10, addition and summation
-    # at the warping paper's N = 8, sort at N = 5 (its window is ~6 tokens per unit of length, so
-    # N = 8 would triple sort's per-step and evaluation cost); 600 steps (cpu-small's RoPE copy loss
-    # was 0.02 by step 500), 200 examples per length. 64 runs.
-    "cpu-long": SuitePreset(tasks={"copy": (1, 10), "copy2": (1, 10), "reverse": (1, 10), "addition": (2, 8),
-                                   "sort": (1, 5), "summation": (1, 8), "duplicate": (1, 10),
-                                   "missing_duplicate": (1, 10)},
-                            model=_PROBE_MODEL, train_iters=600, global_batch_size=64, lr=1e-3),
-    # The papers' ranges (copy/reverse N = 20 as the warping paper, the others 8), 3,000 steps. Not run
-    # end to end: ≈ 840 CPU-min ≈ 7 h on 2 quiet cores, extrapolated from 60-step measurements per task
-    # (benchmarks/bench_task_suite_cost.py, benchmarks/README.md).
-    "cpu-papers": SuitePreset(tasks={"copy": (1, 20), "copy2": (1, 20), "reverse": (1, 20), "addition": (2, 8),
-                                     "sort": (1, 8), "summation": (1, 8), "duplicate": (1, 20),
-                                     "missing_duplicate": (1, 20)},
-                              model=_PROBE_MODEL, train_iters=3000, global_batch_size=64, lr=1e-3),
-    # Seconds-scale smoke run of the whole pipeline (CI); numbers are not meaningful.
-    "cpu-tiny": SuitePreset(tasks={"copy": (1, 3)}, model=dict(num_layers=1, hidden_size=32, ffn_hidden_size=64,
-                                                              num_attention_heads=2, num_query_groups=2),
-                            train_iters=3, global_batch_size=8, lr=1e-3, eval_count=4),
-}
+from pretrain.tasks.presets import METHODS, PRESETS, SuitePreset  # noqa: F401 (re-exported)
 
 
 def _log(message: str) -> None:
@@ -123,15 +46,16 @@ def run_config(preset: SuitePreset, task: str, method: str, seed: int, run_dir: 
         positions["max_position"] = sequence_tokens(task, preset.eval_max(task))
     elif row.max_position == "rfs":
         positions["max_position"] = 8 * window
-    iters = preset.train_iters
+    budget = preset.budget(task)
+    iters = budget["train_iters"]
     return {
         "name": run_dir.name, "seed": seed, "preset": "cpu-small",
-        "model": {**preset.model, "seq_length": window, "vocab_size": VOCAB_SIZE, **row.model},
+        "model": {**budget["model"], "seq_length": window, "vocab_size": VOCAB_SIZE, **row.model},
         "positions": positions,
         "data": {"task": task, "task_min_length": lo, "task_max_length": hi},
-        "schedule": {"train_iters": iters, "global_batch_size": preset.global_batch_size,
-                     "micro_batch_size": preset.global_batch_size},
-        "optimizer": {"lr": preset.lr, "min_lr": preset.lr / 10, "lr_warmup_iters": max(1, iters // 20),
+        "schedule": {"train_iters": iters, "global_batch_size": budget["global_batch_size"],
+                     "micro_batch_size": budget["global_batch_size"]},
+        "optimizer": {"lr": budget["lr"], "min_lr": budget["lr"] / 10, "lr_warmup_iters": max(1, iters // 20),
                       "weight_decay": 0.1, "clip_grad": 1.0},
         "checkpoint": {"save": str(run_dir), "save_interval": iters, "keep_last": 1},
         "logging": {"log_interval": max(1, iters // 4), "eval_interval": iters, "eval_iters": 1},
@@ -171,7 +95,7 @@ def train_runs(out: Path, preset: SuitePreset, seeds: list[int], jobs: int = 1) 
     from pretrain.trainer.checkpoint import latest_iteration
 
     runs = {(t, m, s): out / "runs" / f"{t}_{m}_s{s}" for s in seeds for t in preset.tasks for m in preset.methods}
-    todo = [key for key, run_dir in runs.items() if latest_iteration(run_dir) != preset.train_iters]
+    todo = [key for key, run_dir in runs.items() if latest_iteration(run_dir) != preset.iters(key[0])]
     threads = max(1, (os.cpu_count() or 1) // jobs)
     for folder in ("configs", "logs", "timing"):
         (out / folder).mkdir(parents=True, exist_ok=True)
@@ -228,12 +152,12 @@ def evaluate_run(run_dir: Path, preset: SuitePreset, task: str, seed: int) -> di
     model, config = load_for_inference(run_dir)
     sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=config.model.seq_length,
                             num_layers=config.model.num_layers, rotary_dim=config.model.rotary_dim,
-                            rotary_base=config.model.rotary_base, total_steps=preset.train_iters)
+                            rotary_base=config.model.rotary_base, total_steps=preset.iters(task))
 
     def logits(tokens: torch.Tensor, positions) -> torch.Tensor:
         return model(tokens, positions, None)[..., :VOCAB_SIZE]
 
-    lengths = range(TASKS[task].min_length, preset.eval_max(task) + 1)
+    lengths = preset.eval_lengths(task, TASKS[task].min_length)
     results = accuracy_by_length(logits, task, lengths, preset.eval_count, seed=10_000 + seed,
                                  positions_for=sampler.evaluation, train_lengths=preset.tasks[task])
     return {"task": task, "seed": seed, "train_lengths": list(preset.tasks[task]),

@@ -70,6 +70,16 @@ def test_reach_is_the_longest_length_before_accuracy_first_drops_below_half():
 def test_nope_findings_sort_augmentations_above_within_and_below_nope():
     from pretrain.tasks.compare import nope_findings
 
-    summary = {"copy": {"nope": row(1.0, 0.3), "rfs": row(1.0, 0.6), "rpe": row(1.0, 0.31), "warp": row(1.0, 0.1)}}
+    summary = {"copy": {"rope": row(1.0, 0.0), "nope": row(1.0, 0.3), "rfs": row(1.0, 0.6), "rpe": row(1.0, 0.31), "warp": row(1.0, 0.1)}}
     text = nope_findings(summary, ["rope", "rfs", "rpe", "warp", "nope"])[0]
     assert "above it rfs;" in text and "within 2 SE rpe;" in text and "below it warp." in text
+
+
+def test_a_task_the_baseline_did_not_learn_gets_no_verdict_against_nope_or_the_papers():
+    from pretrain.tasks.compare import nope_findings
+
+    summary = {"copy": {"rope": row(0.80, 0.0), "nope": row(0.9, 0.3), "rfs": row(0.9, 0.6),
+                        "warp": row(0.9, 0.6, (1.0, 1.0, 1.0, 1.0))}}
+    assert nope_findings(summary, ["rope", "rfs", "nope"]) == []
+    assert paper_comparison(summary, count=200) == []
+    assert "rfs beats" not in baseline_findings(summary, ["rope", "rfs"])[0]

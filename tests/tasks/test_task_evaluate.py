@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from pretrain.tasks.evaluate import LengthResult, accuracy_by_length, exact_match, greedy_decode, summarize
-from pretrain.tasks.generators import EOS, SEP, TOKEN_ID, VOCAB_SIZE
+from pretrain.tasks.evaluate import LengthResult, accuracy_by_length, exact_match, greedy_decode, score, summarize
+from pretrain.tasks.generators import EOS, SEP, TOKEN_ID, VOCAB_SIZE, Example
 from pretrain.tasks.source import evaluation_examples
 
 
@@ -47,8 +47,8 @@ def test_a_perfect_copier_scores_one_at_every_length():
                                  train_lengths=(1, 10))
     assert [r.accuracy for r in results] == [1.0] * 40
     summary = summarize(results)
-    assert summary["seen"] == {"accuracy": 1.0, "se": 0.0, "lengths": 10}
-    assert summary["unseen"] == {"accuracy": 1.0, "se": 0.0, "lengths": 30}
+    assert summary["seen"] == {"accuracy": 1.0, "se": 0.0, "lengths": 10, "token_accuracy": 1.0}
+    assert summary["unseen"] == {"accuracy": 1.0, "se": 0.0, "lengths": 30, "token_accuracy": 1.0}
 
 
 def test_a_copier_that_fails_past_the_training_length_scores_one_seen_and_zero_unseen():
@@ -82,12 +82,32 @@ def test_positions_are_requested_for_each_examples_number_of_inputs():
 
 
 def test_summary_standard_error_is_the_binomial_se_of_the_mean_over_lengths():
-    results = [LengthResult(1, 2, 4, True), LengthResult(2, 1, 4, True), LengthResult(3, 0, 4, False)]
+    results = [LengthResult(1, 2, 4, True, 6, 8), LengthResult(2, 1, 4, True, 9, 12),
+               LengthResult(3, 0, 4, False, 0, 16)]
     summary = summarize(results)
     se = math.sqrt(0.5 * 0.5 / 4 + 0.25 * 0.75 / 4) / 2
     assert summary["seen"]["accuracy"] == pytest.approx(0.375)
     assert summary["seen"]["se"] == pytest.approx(se)
-    assert summary["unseen"] == {"accuracy": 0.0, "se": 0.0, "lengths": 1}
+    assert summary["unseen"] == {"accuracy": 0.0, "se": 0.0, "lengths": 1, "token_accuracy": 0.0}
+
+
+def test_per_token_accuracy_counts_answer_tokens_right_given_the_correct_prefix():
+    # The broken copier emits <eos> where it should copy 'c': every token after that is still scored
+    # teacher-forced, so 'a c b' scores 3 of 4 (a, b, <eos> right; c wrong) and no exact match.
+    example = Example("copy", 3, ("Copy", ":", "a", "c", "b"), ("a", "c", "b"))
+    assert score(copier(broken_symbol="c"), [example], arange) == [(3, 4)]
+    assert exact_match(copier(broken_symbol="c"), [example], arange) == [False]
+    assert score(copier(), [example], arange) == [(4, 4)]
+
+
+def test_per_token_accuracy_per_length_is_the_share_of_right_tokens_and_its_mean_is_over_lengths():
+    results = accuracy_by_length(copier(max_length=2), "copy", range(1, 5), 10, seed=0, positions_for=arange,
+                                 train_lengths=(1, 2))
+    # Past length 2 it predicts <eos> everywhere: of the n + 1 answer tokens only the final <eos> is right.
+    assert [(r.tokens_correct, r.tokens_total) for r in results] == [(20, 20), (30, 30), (10, 40), (10, 50)]
+    assert [r.token_accuracy for r in results] == [1.0, 1.0, 0.25, 0.2]
+    assert [r.correct for r in results] == [10, 10, 0, 0]
+    assert summarize(results)["seen"]["token_accuracy"] == 1.0
 
 
 def test_summary_without_unseen_lengths_says_none():

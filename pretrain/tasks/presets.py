@@ -1,0 +1,115 @@
+"""The task suite's methods and presets: what each (task, method) run trains, for how long, evaluated where.
+
+A preset fixes per task the training range U{a..N} and a budget (steps, learning rate, batch,
+model overrides). Every method of a task gets the task's budget, so the methods differ only in
+positions. Budgets are chosen so that the RoPE baseline passes the learnability gate (≥ 95 % exact
+match on seen lengths, pretrain.tasks.verdict); benchmarks/README.md records how each was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the suite: model.* and positions.* fields (max_position resolved per task)."""
+
+    model: dict
+    positions: dict
+    # positions.max_position: "eval" = the longest evaluation input (RPE must cover it; RFS on ALiBi
+    # uses "the maximum input length of the dataset", RFS App. B.4); "rfs" = 8 × the training window.
+    max_position: str | None = None
+
+
+METHODS: dict[str, Method] = {
+    "rope": Method({}, {"strategy": "none"}),
+    "posaug": Method({}, {"strategy": "posaug", "alpha_min": 0.125, "alpha_max": 8.0, "alpha_distribution": "uniform"}),
+    # per_sample: the papers draw one sorted position row per example, not one per microbatch.
+    "rfs": Method({}, {"strategy": "rfs", "granularity": "per_sample"}, max_position="rfs"),
+    "rpe": Method({}, {"strategy": "rpe", "granularity": "per_sample"}, max_position="eval"),
+    "warp": Method({}, {"strategy": "warp", "p_head": 0.15, "p_tail": 0.15, "tail_function": "sqrt"}),
+    "nope": Method({"position_embedding_type": "none"}, {"strategy": "none"}),
+    "alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "none"}),
+    "rfs_alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "rfs", "granularity": "per_sample"},
+                        max_position="eval"),
+}
+
+
+@dataclass(frozen=True)
+class SuitePreset:
+    """Tasks with their training range (a, N), model, budget and evaluation of one suite."""
+
+    tasks: dict[str, tuple[int, int]]
+    model: dict
+    train_iters: int
+    global_batch_size: int
+    lr: float
+    eval_factor: int = 4  # evaluate lengths 1 .. eval_factor · N
+    eval_count: int = 200  # examples per length
+    methods: tuple[str, ...] = tuple(METHODS)
+    # task -> overrides of train_iters, lr, global_batch_size (numbers) and model (a dict merged into model)
+    budgets: dict[str, dict] = field(default_factory=dict)
+    # task -> longest evaluated length (instead of eval_factor · N), e.g. Ruoss et al.'s 500
+    eval_to: dict[str, int] = field(default_factory=dict)
+    eval_stride: int = 1  # evaluate every eval_stride-th unseen length (all seen lengths always)
+    deviations: tuple[str, ...] = ()  # what this preset scales down from the papers, for the report
+
+    def eval_max(self, task: str) -> int:
+        """Longest evaluated length of `task`."""
+        return self.eval_to.get(task, self.eval_factor * self.tasks[task][1])
+
+    def eval_lengths(self, task: str, min_length: int) -> list[int]:
+        """Evaluated lengths of `task`: every seen length, then every eval_stride-th one up to eval_max."""
+        hi = self.tasks[task][1]
+        return list(range(min_length, hi + 1)) + list(range(hi + 1, self.eval_max(task) + 1))[self.eval_stride - 1::
+                                                                                                self.eval_stride]
+
+    def budget(self, task: str) -> dict:
+        """train_iters, lr, global_batch_size and model of `task` (the preset's, with the task's overrides)."""
+        extra = self.budgets.get(task, {})
+        return {"train_iters": extra.get("train_iters", self.train_iters), "lr": extra.get("lr", self.lr),
+                "global_batch_size": extra.get("global_batch_size", self.global_batch_size),
+                "model": {**self.model, **extra.get("model", {})}}
+
+    def iters(self, task: str) -> int:
+        """Training steps of every method on `task`."""
+        return self.budget(task)["train_iters"]
+
+
+# d 128, 4 heads (the copy-task probe's model, SwiGLU/RMSNorm as everywhere here).
+_PROBE_MODEL = dict(num_layers=3, hidden_size=128, ffn_hidden_size=352, num_attention_heads=4,
+                    num_query_groups=4)
+PRESETS: dict[str, SuitePreset] = {
+    # Default, ≤ 30 min on 2 cores: copy and reverse (the tasks the RoPE baseline must learn to
+    # ≥ 95 % on seen lengths), N = 10, all 8 methods, one seed: 16 runs. Measured 2026-11-23
+    # (benchmarks/README.md): RoPE 100 % seen on both at 1,000 steps (train loss 0.02 by step 500,
+    # 0.0004 at 1,000), 0 % unseen; every method ≥ 99.7 % seen. One run ≈ 105–145 s CPU at 1 thread
+    # (~0.11 s/step + ~8 s start-up), evaluation ≈ 9 s CPU per run: 35 CPU-min in all ≈ 17.5 min on
+    # 2 quiet cores (estimate from CPU time; 30.5 min wall measured under load 3–20). More tasks or
+    # 1,500+ steps would not fit: N = 20 (cpu-papers) doubles the per-step cost.
+    "cpu-small": SuitePreset(tasks={"copy": (1, 10), "reverse": (1, 10)}, model=_PROBE_MODEL,
+                             train_iters=1000, global_batch_size=64, lr=1e-3),
+    # Every task and every method at a budget that runs in one sitting (benchmarks/README.md has its
+    # measured wall and CPU time): the copy-like tasks at cpu-small's N = 10, addition and summation
+    # at the warping paper's N = 8, sort at N = 5 (its window is ~6 tokens per unit of length, so
+    # N = 8 would triple sort's per-step and evaluation cost); 600 steps (cpu-small's RoPE copy loss
+    # was 0.02 by step 500), 200 examples per length. 64 runs.
+    "cpu-long": SuitePreset(tasks={"copy": (1, 10), "copy2": (1, 10), "reverse": (1, 10), "addition": (2, 8),
+                                   "sort": (1, 5), "summation": (1, 8), "duplicate": (1, 10),
+                                   "missing_duplicate": (1, 10)},
+                            model=_PROBE_MODEL, train_iters=600, global_batch_size=64, lr=1e-3),
+    # The papers' ranges (copy/reverse N = 20 as the warping paper, the others 8), 3,000 steps. Not run
+    # end to end: ≈ 840 CPU-min ≈ 7 h on 2 quiet cores, extrapolated from 60-step measurements per task
+    # (benchmarks/bench_task_suite_cost.py, benchmarks/README.md).
+    "cpu-papers": SuitePreset(tasks={"copy": (1, 20), "copy2": (1, 20), "reverse": (1, 20), "addition": (2, 8),
+                                     "sort": (1, 8), "summation": (1, 8), "duplicate": (1, 20),
+                                     "missing_duplicate": (1, 20)},
+                              model=_PROBE_MODEL, train_iters=3000, global_batch_size=64, lr=1e-3),
+    # Seconds-scale smoke run of the whole pipeline (CI); numbers are not meaningful.
+    "cpu-tiny": SuitePreset(tasks={"copy": (1, 3)}, model=dict(num_layers=1, hidden_size=32, ffn_hidden_size=64,
+                                                              num_attention_heads=2, num_query_groups=2),
+                            train_iters=3, global_batch_size=8, lr=1e-3, eval_count=4),
+}
+
+

@@ -1,0 +1,112 @@
+"""Seeds aggregation, the learnability gate and spread-aware bolding, on hand-made results. Runtime ~2 s."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from pretrain.tasks.evaluate import LengthResult, summarize
+from pretrain.tasks.verdict import aggregate, best, exceeds, gate, ranking
+
+
+def record(task, method, seed, seen, unseen, count=100, n=2, unseen_lengths=2, token=None):
+    """One run's eval record: every seen length at `seen`, every unseen one at `unseen` (exact match)."""
+    results = []
+    for length in range(1, n + unseen_lengths + 1):
+        accuracy = seen if length <= n else unseen
+        token_accuracy = token if (token is not None and length > n) else accuracy
+        results.append(LengthResult(length, round(accuracy * count), count, length <= n,
+                                    round(token_accuracy * 10 * count), 10 * count))
+    return {"task": task, "method": method, "seed": seed, "train_lengths": [1, n],
+            "lengths": [r.to_dict() for r in results], "summary": summarize(results)}
+
+
+def results_file(tmp_path, records):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"records": records}))
+    return json.loads(path.read_text())["records"]
+
+
+def test_seeds_are_averaged_with_their_standard_deviation_and_each_seeds_binomial_se():
+    summary = aggregate([record("copy", "rope", 42, 1.0, 0.2), record("copy", "rope", 137, 1.0, 0.4)])
+    unseen = summary["copy"]["rope"]["unseen"]
+    assert unseen["accuracy"] == pytest.approx(0.3)
+    assert unseen["sd"] == pytest.approx(math.sqrt(0.02))  # sample sd of 0.2 and 0.4
+    assert [p["seed"] for p in unseen["per_seed"]] == [42, 137]
+    assert unseen["per_seed"][0]["se"] == pytest.approx(math.sqrt(0.2 * 0.8 / 100) / math.sqrt(2))
+    assert summary["copy"]["rope"]["accuracy"] == pytest.approx([1.0, 1.0, 0.3, 0.3])
+
+
+def test_one_seed_has_zero_spread():
+    unseen = aggregate([record("copy", "rope", 42, 1.0, 0.2)])["copy"]["rope"]["unseen"]
+    assert unseen["sd"] == 0.0 and unseen["token_sd"] == 0.0
+
+
+def test_per_token_accuracy_is_averaged_over_unseen_lengths_beside_exact_match():
+    unseen = aggregate([record("reverse", "rpe", 42, 1.0, 0.0, token=0.7)])["reverse"]["rpe"]["unseen"]
+    assert unseen["accuracy"] == 0.0 and unseen["token_accuracy"] == pytest.approx(0.7)
+
+
+def test_a_task_whose_baseline_misses_95_percent_seen_fails_the_gate(tmp_path):
+    records = results_file(tmp_path, [record("copy", "rope", 42, 0.99, 0.0), record("sort", "rope", 42, 0.90, 0.0)])
+    verdict = gate(aggregate(records))
+    assert verdict["copy"]["passed"] and not verdict["sort"]["passed"]
+    assert verdict["sort"]["seen"] == pytest.approx(0.90)
+
+
+def test_the_gate_is_on_the_mean_over_seeds():
+    records = [record("copy", "rope", 42, 0.99, 0.0), record("copy", "rope", 137, 0.90, 0.0)]
+    assert not gate(aggregate(records))["copy"]["passed"]  # mean 0.945
+
+
+def test_a_task_that_fails_the_gate_is_left_out_of_the_ranking(tmp_path):
+    records = results_file(tmp_path, [
+        record("copy", "rope", 42, 1.0, 0.1), record("copy", "rfs", 42, 1.0, 0.8),
+        record("sort", "rope", 42, 0.5, 0.0), record("sort", "rfs", 42, 0.5, 0.9)])
+    ranked = ranking(aggregate(records), ["rope", "rfs"])
+    assert ranked[0]["tasks"] == ["copy"]
+    assert [(e["method"], e["mean"]) for e in ranked] == [("rfs", pytest.approx(0.8)), ("rope", pytest.approx(0.1))]
+    assert ranked[0]["beats_rope"] == ["copy"]
+
+
+def test_the_report_marks_an_unlearned_task_and_bolds_nothing_in_its_row(tmp_path):
+    from pretrain.tasks.presets import PRESETS
+    from pretrain.tasks.report import write_report
+
+    records = [record(t, m, s, seen, unseen) for s in (42, 137)
+               for t, m, seen, unseen in (("copy", "rope", 1.0, 0.1), ("copy", "rfs", 1.0, 0.8),
+                                          ("sort", "rope", 0.5, 0.0), ("sort", "rfs", 0.5, 0.9))]
+    preset = dataclasses.replace(PRESETS["cpu-tiny"], methods=("rope", "rfs"), tasks={"copy": (1, 2), "sort": (1, 2)})
+    timing = {"wall_s": 1, "train_cpu_s": 1, "eval_cpu_s": 1, "jobs": 1, "cores": 2, "runs": 4,
+              "train_runs_timed": 4, "load_start": "1", "load_end": "1"}
+    text = write_report(tmp_path, "hand-made", preset, records, [42, 137], timing).read_text()
+    assert "| sort | 2 | 50.0, 50.0 | 50.0 | **not learned — no length-generalisation verdict** |" in text
+    assert "| copy | 2 | 100.0, 100.0 | 100.0 | learned |" in text
+    sort_row = next(line for line in text.splitlines() if line.startswith("| sort (not learned"))
+    copy_row = next(line for line in text.splitlines() if line.startswith("| copy |") and "±" in line)
+    assert "**" not in sort_row and "**80.0 ± 0.0" in copy_row
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["gate"]["sort"]["passed"] is False and result["ranking"]["accuracy"][0]["tasks"] == ["copy"]
+    assert (tmp_path / "accuracy_sort.png").stat().st_size > 0
+
+
+def part(accuracy, sd, se=0.01):
+    return {"accuracy": accuracy, "sd": sd, "se": se}
+
+
+def test_an_advantage_within_the_seed_spread_is_not_a_win():
+    assert not exceeds(part(0.60, 0.08), part(0.50, 0.05))  # 0.10 < 0.08 + 0.05
+    assert exceeds(part(0.70, 0.08), part(0.50, 0.05))
+
+
+def test_an_advantage_within_two_binomial_ses_is_not_a_win_even_without_spread():
+    assert not exceeds(part(0.52, 0.0, se=0.01), part(0.50, 0.0, se=0.01))
+
+
+def test_the_row_best_is_bolded_only_when_its_lead_over_the_runner_up_exceeds_the_spread():
+    rows = {"rope": {"unseen": part(0.1, 0.01)}, "rfs": {"unseen": part(0.8, 0.05)},
+            "rpe": {"unseen": part(0.75, 0.05)}}
+    assert best(rows, ["rope", "rfs", "rpe"]) is None
+    rows["rpe"]["unseen"] = part(0.5, 0.05)
+    assert best(rows, ["rope", "rfs", "rpe"]) == "rfs"
