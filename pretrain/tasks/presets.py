@@ -95,10 +95,20 @@ PRESETS: dict[str, SuitePreset] = {
     # at the warping paper's N = 8, sort at N = 5 (its window is ~6 tokens per unit of length, so
     # N = 8 would triple sort's per-step and evaluation cost); 600 steps (cpu-small's RoPE copy loss
     # was 0.02 by step 500), 200 examples per length. 64 runs.
-    "cpu-long": SuitePreset(tasks={"copy": (1, 10), "copy2": (1, 10), "reverse": (1, 10), "addition": (2, 8),
-                                   "sort": (1, 5), "summation": (1, 8), "duplicate": (1, 10),
-                                   "missing_duplicate": (1, 10)},
-                            model=_PROBE_MODEL, train_iters=600, global_batch_size=64, lr=1e-3),
+    # CALIBRATION PENDING (provisional numbers).
+    "cpu-long": SuitePreset(
+        tasks={"copy": (1, 10), "reverse": (1, 10), "duplicate": (1, 10), "missing_duplicate": (1, 10),
+               "copy2": (1, 10), "sort": (1, 4), "summation": (1, 5), "addition": (2, 5)},
+        model=_PROBE_MODEL, train_iters=600, global_batch_size=64, lr=1e-3,
+        budgets={"copy2": {"train_iters": 400}, "duplicate": {"train_iters": 1200},
+                 "missing_duplicate": {"train_iters": 1500}, "sort": {"train_iters": 1500},
+                 "summation": {"train_iters": 1500}, "addition": {"train_iters": 2000}}),
+    # Kept under this name so the 2026-11-23 run (results/tasks_cpu-long_seed42*) stays reproducible: its
+    # RoPE baseline missed the learnability gate on 5 of 8 tasks, so it is superseded by cpu-long below.
+    "cpu-long-600": SuitePreset(tasks={"copy": (1, 10), "copy2": (1, 10), "reverse": (1, 10), "addition": (2, 8),
+                                       "sort": (1, 5), "summation": (1, 8), "duplicate": (1, 10),
+                                       "missing_duplicate": (1, 10)},
+                                model=_PROBE_MODEL, train_iters=600, global_batch_size=64, lr=1e-3),
     # The papers' ranges (copy/reverse N = 20 as the warping paper, the others 8), 3,000 steps. Not run
     # end to end: ≈ 840 CPU-min ≈ 7 h on 2 quiet cores, extrapolated from 60-step measurements per task
     # (benchmarks/bench_task_suite_cost.py, benchmarks/README.md).
@@ -106,6 +116,22 @@ PRESETS: dict[str, SuitePreset] = {
                                      "sort": (1, 8), "summation": (1, 8), "duplicate": (1, 20),
                                      "missing_duplicate": (1, 20)},
                               model=_PROBE_MODEL, train_iters=3000, global_batch_size=64, lr=1e-3),
+    # The papers' protocol (Ruoss et al.: train lengths U{1..40}, test every length 41..500, per-token accuracy
+    # averaged over them; RFS / warping: exact match per length) on the tasks that have it: copy, copy2,
+    # reverse, sort (RFS) and duplicate, missing_duplicate (Ruoss). For a GPU: 12k CPU-hours would not do.
+    # Scaled down from the papers: a 5-layer d 256 decoder (Ruoss: 5-layer encoder; RFS: 12-layer GPT-2),
+    # 10k steps of 128 (Ruoss 2M; RFS 40k), one learning rate (Ruoss sweep 1e-4..5e-4 × 10 seeds, best run),
+    # 200 examples per length (Ruoss 500); sort keeps 1-4 digit items, so its length-500 inputs are ~5k tokens.
+    # Run smaller with --train-iters / --eval-count / --eval-stride (the report lists what was scaled).
+    "papers-protocol": SuitePreset(
+        tasks={"copy": (1, 40), "copy2": (1, 40), "reverse": (1, 40), "sort": (1, 40), "duplicate": (1, 40),
+               "missing_duplicate": (1, 40)},
+        model=dict(num_layers=5, hidden_size=256, ffn_hidden_size=704, num_attention_heads=8, num_query_groups=8),
+        train_iters=10_000, global_batch_size=128, lr=3e-4,
+        eval_to={t: 500 for t in ("copy", "copy2", "reverse", "sort", "duplicate", "missing_duplicate")},
+        deviations=("papers-protocol: 10k steps × 128 (Ruoss et al. 2M × 128, RFS 40k), one learning rate "
+                    "3e-4 and the suite's seeds (Ruoss: best of 3 learning rates × 10 seeds), 5-layer d 256 "
+                    "decoder-only model with greedy decoding (Ruoss: encoder, all outputs at once).",)),
     # Seconds-scale smoke run of the whole pipeline (CI); numbers are not meaningful.
     "cpu-tiny": SuitePreset(tasks={"copy": (1, 3)}, model=dict(num_layers=1, hidden_size=32, ffn_hidden_size=64,
                                                               num_attention_heads=2, num_query_groups=2),

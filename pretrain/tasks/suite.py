@@ -216,19 +216,69 @@ def timings(out: Path, runs: dict[tuple[str, str, int], Path], records: list[dic
                                                                if (path := out / "timing" / f"{run_dir.name}.json").is_file()}}
 
 
-def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str, jobs: int = 1) -> Path:
-    """Train, evaluate, report; returns the report path."""
+def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str, jobs: int = 1,
+              report_only: bool = False) -> Path:
+    """Train, evaluate, report, one (seed, task) block at a time, rewriting the report after each block
+    so an interrupted run leaves a report of everything finished; returns the report path.
+
+    report_only: no training or evaluation, a report of the evaluations already on disk.
+    """
+    import dataclasses
+
     from pretrain.tasks.report import write_report
 
     started, load_start = time.time(), _load()
     out.mkdir(parents=True, exist_ok=True)
-    runs = train_runs(out, preset, seeds, jobs)
-    records = evaluate_runs(out, preset, runs, jobs)
-    timing = {**timings(out, runs, records), "wall_s": time.time() - started, "jobs": jobs,
-              "load_start": load_start, "load_end": _load()}
-    report = write_report(out, preset_name, preset, records, seeds, timing)
+    runs: dict[tuple[str, str, int], Path] = {}
+    records: list[dict] = []
+    report = out / "report.md"
+    for seed in seeds:
+        for task in preset.tasks:
+            block = dataclasses.replace(preset, tasks={task: preset.tasks[task]})
+            if report_only:
+                done = {(task, m, seed): out / "runs" / f"{task}_{m}_s{seed}" for m in preset.methods}
+                done = {k: d for k, d in done.items() if (out / "eval" / f"{d.name}.json").is_file()}
+                records += evaluate_runs(out, block, done, jobs)
+            else:
+                done = train_runs(out, block, [seed], jobs)
+                records += evaluate_runs(out, block, done, jobs)
+            runs.update(done)
+            if not records:
+                continue
+            timing = {**timings(out, runs, records), "wall_s": time.time() - started, "jobs": jobs,
+                      "load_start": load_start, "load_end": _load()}
+            report = write_report(out, preset_name, preset, records, sorted({r["seed"] for r in records}), timing)
+            if not report_only:
+                _log(f"report of {len(records)} of {len(preset.tasks) * len(preset.methods) * len(seeds)} runs: "
+                     f"{report}")
+    if not records:
+        raise FileNotFoundError(f"no evaluated runs under {out / 'eval'}; run without --report-only first")
     _log(f"report: {report}")
     return report
+
+
+def scaled(preset: SuitePreset, train_iters: int | None, eval_count: int | None,
+           eval_stride: int | None) -> SuitePreset:
+    """The preset with the command line's scale-downs applied, each listed among its deviations."""
+    import dataclasses
+
+    changes, notes = {}, []
+    if train_iters is not None:
+        changes.update(train_iters=train_iters,
+                       budgets={t: {**b, "train_iters": train_iters} for t, b in preset.budgets.items()})
+        notes.append(f"--train-iters {train_iters} (every task; the preset's budgets were " +
+                     ", ".join(f"{t} {preset.iters(t)}" for t in preset.tasks) + ")")
+    if eval_count is not None:
+        changes["eval_count"] = eval_count
+        notes.append(f"--eval-count {eval_count} (preset {preset.eval_count})")
+    if eval_stride is not None:
+        changes["eval_stride"] = eval_stride
+        notes.append(f"--eval-stride {eval_stride}: every {eval_stride}-th unseen length (preset {preset.eval_stride})")
+    if not changes:
+        return preset
+    return dataclasses.replace(preset, **changes,
+                               deviations=preset.deviations + tuple(f"Scaled down on the command line: {n}."
+                                                                    for n in notes))
 
 
 def main(argv: list[str]) -> int:
@@ -242,6 +292,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds (42, 137, 2024, then 1, 2, ...)")
     parser.add_argument("--tasks", nargs="+", default=None, help="subset of the preset's tasks")
     parser.add_argument("--methods", nargs="+", default=None, help=f"subset of {list(METHODS)}")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report of the runs already evaluated under --output; train nothing")
+    parser.add_argument("--train-iters", type=int, help="scale down: every task's steps (recorded in the report)")
+    parser.add_argument("--eval-count", type=int, help="scale down: held-out examples per length")
+    parser.add_argument("--eval-stride", type=int, help="scale down: evaluate every k-th unseen length")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="runs trained / evaluated side by side, each with cores/jobs threads (default: cores)")
     args = parser.parse_args(argv)
@@ -255,9 +310,15 @@ def main(argv: list[str]) -> int:
         preset = dataclasses.replace(preset, tasks={t: preset.tasks[t] for t in args.tasks})
     if args.methods:
         preset = dataclasses.replace(preset, methods=tuple(args.methods))
-    if args.jobs < 1:
-        print(f"error: --jobs {args.jobs} must be >= 1", file=sys.stderr)
-        return 2
+    for flag in ("jobs", "train_iters", "eval_count", "eval_stride"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            print(f"error: --{flag.replace('_', '-')} {getattr(args, flag)} must be >= 1", file=sys.stderr)
+            return 2
+    preset = scaled(preset, args.train_iters, args.eval_count, args.eval_stride)
     seeds = ([42, 137, 2024] + list(range(1, 100)))[: args.seeds]
-    run_suite(Path(args.output), preset, seeds, args.preset, args.jobs)
+    try:
+        run_suite(Path(args.output), preset, seeds, args.preset, args.jobs, args.report_only)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0

@@ -17,9 +17,9 @@ from pretrain.trainer import config as config_module
 REPO = Path(__file__).resolve().parents[2]
 
 
-def reproduce_tasks(out: Path, *extra: str) -> subprocess.CompletedProcess:
+def reproduce_tasks(out: Path, *extra: str, preset: str = "cpu-tiny") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--suite", "tasks", "--preset", "cpu-tiny",
+    return subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--suite", "tasks", "--preset", preset,
                            "--output", str(out), *extra], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=1500)
 
@@ -36,7 +36,10 @@ def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
         assert all(0.0 <= r["accuracy"] <= 1.0 for r in record["lengths"])
         assert [r["seen"] for r in record["lengths"]] == [True] * 3 + [False] * 9
     report = (tmp_path / "report.md").read_text()
-    assert "| copy |" in report and (tmp_path / "accuracy_copy.png").stat().st_size > 0
+    # 3 steps learn nothing: the gate marks copy and no ranking is computed from it.
+    assert "| copy (not learned — no verdict) |" in report and (tmp_path / "accuracy_copy.png").stat().st_size > 0
+    assert results["gate"]["copy"]["passed"] is False and results["ranking"]["accuracy"] == []
+    assert all("token_accuracy" in r for record in results["records"] for r in record["lengths"])
     assert len(results["timing"]["per_run_train_cpu_s"]) == 8 and results["timing"]["train_cpu_s"] > 0
     assert "**estimated** wall time" in report and "## Against the RoPE baseline" in report
     again = reproduce_tasks(tmp_path)
@@ -46,6 +49,36 @@ def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
 def test_unknown_method_is_one_line_and_exit_code_2(tmp_path):
     proc = reproduce_tasks(tmp_path, "--methods", "rope", "kerple")
     assert proc.returncode == 2 and "kerple" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_two_seeds_report_mean_and_spread_and_a_report_only_rerun_trains_nothing(tmp_path):
+    first = reproduce_tasks(tmp_path, "--seeds", "2", "--methods", "rope", "rfs")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["seeds"] == [42, 137]
+    unseen = results["summary"]["copy"]["rfs"]["unseen"]
+    assert [p["seed"] for p in unseen["per_seed"]] == [42, 137] and unseen["sd"] >= 0.0
+    again = reproduce_tasks(tmp_path, "--seeds", "2", "--methods", "rope", "rfs", "--report-only")
+    assert again.returncode == 0 and "to train" not in again.stdout and "[eval" not in again.stdout
+
+
+def test_report_only_without_evaluations_is_one_line_and_exit_code_2(tmp_path):
+    proc = reproduce_tasks(tmp_path, "--report-only")
+    assert proc.returncode == 2 and "run without --report-only first" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_papers_protocol_trains_to_40_and_evaluates_41_to_500_scaled_down(tmp_path):
+    proc = reproduce_tasks(tmp_path, "--tasks", "copy", "--methods", "rope", "rpe", "--train-iters", "2",
+                           "--eval-count", "2", "--eval-stride", "92", preset="papers-protocol")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    lengths = [r["length"] for r in results["records"][0]["lengths"]]
+    assert lengths == list(range(1, 41)) + [132, 224, 316, 408, 500]
+    assert "Scaled down on the command line: --train-iters 2" in (tmp_path / "report.md").read_text()
 
 
 def test_jobs_below_one_is_one_line_and_exit_code_2(tmp_path):
@@ -80,4 +113,24 @@ def test_the_long_preset_covers_every_task_and_method_at_200_examples_per_length
     long = PRESETS["cpu-long"]
     assert set(long.tasks) == set(TASKS) and set(long.methods) == set(METHODS)
     assert long.eval_count >= 200 and long.eval_factor >= 4
+
+
+def test_the_papers_protocol_trains_on_lengths_up_to_40_and_tests_41_to_500():
+    from pretrain.tasks.suite import PRESETS
+
+    protocol = PRESETS["papers-protocol"]
+    assert {"copy", "reverse", "sort"} <= set(protocol.tasks)
+    for task, (lo, hi) in protocol.tasks.items():
+        assert (lo, hi) == (1, 40) and protocol.eval_lengths(task, 1) == list(range(1, 501))
+
+
+def test_every_preset_task_budget_builds_a_valid_training_config(tmp_path):
+    from pretrain.tasks.suite import PRESETS, run_config
+
+    for name, preset in PRESETS.items():
+        for task in preset.tasks:
+            for method in preset.methods:
+                config = config_module.from_dict(run_config(preset, task, method, 42, tmp_path / f"{name}_{task}"))
+                config.validate(world_size=1)
+                assert config.schedule.train_iters == preset.iters(task)
 
