@@ -86,10 +86,12 @@ def reach_table(summary: dict[str, dict[str, dict]], methods: list[str]) -> str:
     """Tasks × methods: reach (lengths past the training maximum N that still hold ≥ 50 %)."""
     lines = ["**Reach**: longest length n with ≥ 50 % exact match at every length ≤ n (training max N in the "
              "first column)", "", "| Task (N) | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
+    passed = gate(summary)
     for task, rows in summary.items():
         n = next(iter(rows.values()))["train_lengths"][1]
         cells = [f"{reach(rows[m])} ({reach(rows[m]) - n:+d})" if m in rows else "—" for m in methods]
-        lines.append(f"| {task} ({n}) | " + " | ".join(cells) + " |")
+        label = f"{task} ({n})" + ("" if passed[task]["passed"] else " (not learned — no verdict)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
