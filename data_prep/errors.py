@@ -1,42 +1,172 @@
-"""Errors that reach the user as one line naming the input (or output) and the fix."""
+"""Errors that reach the user as one line naming the input (or output) and the fix.
+
+Writing faults (a full disk, a read-only or unwritable directory, a directory removed under a
+running job) are turned into our one-line OutputError here, in one place, for every writer of
+the project: data_prep's shards, the trainer's checkpoints, status.json, TensorBoard (and any
+other metrics writer), evaluation records, and the Hugging Face export and import.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, Union
 
 # A full disk, an exhausted quota and a file-size limit (RLIMIT_FSIZE with SIGXFSZ ignored) all
 # mean the same to the user: this output path cannot grow.
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
+_REMOVED = {errno.ENOENT, errno.ESTALE}
+WRITE_FAULTS = frozenset(_NO_SPACE | _NOT_WRITABLE | _REMOVED)
+# a block that also reads inputs: a missing file there is a missing input, not a removed output
+FULL_OR_READ_ONLY = frozenset(_NO_SPACE | _NOT_WRITABLE)
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
+
+DEFAULT_ELSEWHERE = "pass an --output-prefix on a larger disk"
+DEFAULT_THEN = "rerun the same command (finished work is kept and resumed)"
+Then = Union[str, Callable[[], str]]  # how to continue; a callable is asked only once the fault happened
 
 
 class DataError(RuntimeError):
     """Bad input under --strict, or an unusable configuration."""
 
 
-class OutputSpaceError(DataError):
+class OutputError(DataError):
+    """An output could not be written: its disk is full, its directory read-only, or removed while running."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.errno = code
+
+
+class OutputSpaceError(OutputError):
     """An output could not be written because its filesystem (or a size limit) is full."""
 
 
+def write_fault(error: BaseException | None) -> int | None:
+    """The errno of the write fault behind `error`, or None when it is another kind of error.
+
+    Follows __cause__/__context__ and the per-rank failures of torch.distributed.checkpoint's
+    CheckpointException; a failure that crossed a process boundary (Megatron's checkpoint
+    writer workers) keeps only the text "[Errno 28] ...", which is read too."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        item = pending.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, OutputError):
+            return item.errno
+        if isinstance(item, OSError) and item.errno in WRITE_FAULTS:
+            return item.errno
+        try:
+            match = _ERRNO_TEXT.search(str(item))
+        except Exception:  # noqa: BLE001 (a library __str__ that fails must not hide the original error)
+            match = None
+        if match and int(match.group(1)) in WRITE_FAULTS:
+            return int(match.group(1))
+        failures = getattr(item, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
+        if isinstance(failures, dict):
+            for failure in failures.values():
+                pending.extend(x for x in (failure if isinstance(failure, tuple) else (failure,))
+                               if isinstance(x, BaseException))
+        pending.extend([item.__cause__, item.__context__])
+    return None
+
+
+def probe_fault(path: str | os.PathLike, full_below: int = 1 << 20) -> int | None:
+    """Why writing under `path` fails now, for an error that did not say (torch's zip writer reports a full
+    disk as "unexpected pos 704 vs 598"): ENOENT, EROFS, EACCES or ENOSPC, else None."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return errno.ENOENT
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    if stat.f_flag & os.ST_RDONLY:
+        return errno.EROFS
+    if not os.access(path, os.W_OK):
+        return errno.EACCES
+    return errno.ENOSPC if stat.f_bavail * stat.f_frsize < full_below else None
+
+
+def human_bytes(n: float) -> str:
+    """'2.4 MB' (decimal units, as df -H and the progress bars)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def existing_parent(path: str | os.PathLike) -> str:
+    """The nearest directory at or above `path` that exists (where a disk can be asked for free space)."""
+    where = os.path.abspath(path)
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    return where
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem holding `path` (or its nearest existing parent), None if unknown."""
+    try:
+        return shutil.disk_usage(existing_parent(path)).free
+    except OSError:
+        return None
+
+
+def output_error(code: int, path: str | os.PathLike, *, what: str = "", needed: str | None = None,
+                 done: str = "", elsewhere: str = DEFAULT_ELSEWHERE, then: Then = DEFAULT_THEN) -> OutputError:
+    """Our one-line error for write fault `code` on `path`: what failed, the space picture, and the fix.
+
+    `what` names the output ("checkpoint 4"), `needed` the space it takes ("about 2.4 MB"), `done`
+    what was cleaned up or kept, `elsewhere` the option that moves it to another disk, `then` how
+    to continue afterwards."""
+    path, then = str(path), then if isinstance(then, str) else then()
+    done = f"; {done}" if done else ""
+    where = os.path.dirname(os.path.abspath(path))
+    prefix = f"{what} ({path})" if what else path
+    if code in _NO_SPACE:
+        free = free_bytes(path)
+        space = "; ".join(s for s in (f"needs {needed}" if needed else "",
+                                      f"{human_bytes(free)} free" if free is not None else "") if s)
+        return OutputSpaceError(
+            f"{prefix}: {os.strerror(code)} while writing{f' ({space})' if space else ''}{done}; fix: free space in "
+            f"{existing_parent(where)} (or raise the quota / file-size limit), or {elsewhere}, then {then}", code)
+    if code in _NOT_WRITABLE:
+        return OutputError(f"{prefix}: {os.strerror(code)} while writing{done}; fix: make {existing_parent(where)} "
+                           f"writable (remount it read-write, or fix its permissions), or {elsewhere}, then {then}",
+                           code)
+    return OutputError(f"{prefix}: {os.strerror(code)} while writing ({where} was removed while the command ran, "
+                       f"or never existed){done}; fix: keep {where} in place (an unmounted or cleaned-up disk?), or "
+                       f"{elsewhere}, then {then}", code)
+
+
 @contextmanager
-def naming_output(path: str) -> Iterator[None]:
-    """Turn a no-space OSError raised inside the block into an OutputSpaceError naming `path` and the fix.
+def naming_output(path: str | os.PathLike, *, what: str = "", needed: str | None = None,
+                  elsewhere: str = DEFAULT_ELSEWHERE, then: Then = DEFAULT_THEN,
+                  faults: frozenset[int] = WRITE_FAULTS) -> Iterator[None]:
+    """Turn a write fault raised inside the block into an OutputError naming `path` and the fix.
 
     Write errors rarely carry a filename (write() and close() do not), so without this the user
     sees "[Errno 28] No space left on device" and no idea which of several disks filled up.
+    `faults` narrows the errnos explained (FULL_OR_READ_ONLY where the block also reads inputs).
     """
     try:
         yield
-    except OSError as e:
-        if e.errno not in _NO_SPACE:
+    except OutputError:
+        raise
+    except Exception as error:
+        code = write_fault(error)
+        if code not in faults:
             raise
-        where = os.path.dirname(os.path.abspath(path))
-        raise OutputSpaceError(
-            f"{path}: {os.strerror(e.errno)} while writing; fix: free space in {where} (or raise the quota / "
-            "file-size limit), or pass an --output-prefix on a larger disk, then rerun the same command "
-            "(finished work is kept and resumed)") from None
+        raise output_error(code, getattr(error, "filename", None) or path, what=what, needed=needed,
+                           elsewhere=elsewhere, then=then) from None
 
 
 def one_line(message: str) -> str:

@@ -8,6 +8,7 @@ GPUs), so tokens/s and MFU are reported everywhere; the console says which sourc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -22,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from pretrain.console import Progress, format_duration
+from data_prep.errors import OutputError
+from pretrain.trainer.run_dir import run_output
 
 # Dense BF16 peak per device (TFLOP/s), for the MFU estimate.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -90,8 +93,13 @@ def write_status(run_dir: str | Path, state: str, iteration: int, train_iters: i
               "host": socket.gethostname(), "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               **extra}
     tmp = run_dir / f"{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, run_dir / STATUS_FILE)
+    try:
+        with run_output(run_dir, run_dir / STATUS_FILE, "the run's status file"):
+            tmp.write_text(json.dumps(record, indent=1))
+            os.replace(tmp, run_dir / STATUS_FILE)
+    finally:
+        with contextlib.suppress(OSError):  # nothing half-written stays behind
+            tmp.unlink(missing_ok=True)
 
 
 def read_status(run_dir: str | Path) -> dict | None:
@@ -115,8 +123,9 @@ class Metrics:
         if self.rank == self.world - 1:
             from torch.utils.tensorboard import SummaryWriter
 
-            tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
-            self.writer = SummaryWriter(log_dir=tb_dir)
+            self.tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
+            with self._tensorboard():
+                self.writer = SummaryWriter(log_dir=self.tb_dir)
         self.peak, self.peak_source = peak_tflops(config.logging.peak_tflops, config.model.bf16)
         self.flops_per_token = config.model.flops_per_token()
         self.progress = Progress(total_iters, desc="train", start=start, enabled=self.rank == 0)
@@ -128,9 +137,16 @@ class Metrics:
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Write scalars to TensorBoard (last rank only)."""
         if self.writer is not None:
-            for name, value in values.items():
-                if value is not None and math.isfinite(value):
-                    self.writer.add_scalar(name, value, step)
+            with self._tensorboard():
+                for name, value in values.items():
+                    if value is not None and math.isfinite(value):
+                        self.writer.add_scalar(name, value, step)
+                self.writer.flush()  # a full disk shows at this step, not minutes later in a background thread
+
+    def _tensorboard(self):
+        """Write faults of the TensorBoard writer become one OutputError naming its directory and the fix."""
+        return run_output(self.run_dir, self.tb_dir, "TensorBoard events",
+                          elsewhere="pass --set logging.tensorboard_dir=<a directory on a larger disk>")
 
     def console(self, text: str) -> None:
         """One persistent line on rank 0."""
@@ -161,17 +177,30 @@ class Metrics:
 
     def close(self) -> None:
         """Flush TensorBoard and record the final state (failed when an exception is propagating)."""
+        failure = propagating = sys.exc_info()[1]  # close() runs in the loop's `finally`
         if self.writer is not None:
-            self.writer.close()
+            writer, self.writer = self.writer, None
+            try:
+                with self._tensorboard():
+                    writer.close()
+            except OutputError as error:
+                failure = failure or error
         self.progress.close()
-        if self.rank != 0:
-            return
-        from pretrain.trainer.checkpoint import latest_iteration
+        if self.rank == 0:
+            from pretrain.trainer.checkpoint import latest_iteration
 
-        error = sys.exc_info()[1]  # close() runs in the loop's `finally`
-        saved = latest_iteration(self.run_dir) or 0
-        if error is not None:
-            state, extra = "failed", {"error": f"{type(error).__name__}: {error}"[:500]}
-        else:
-            state, extra = ("finished" if saved >= self.total_iters else "stopped"), {}
-        write_status(self.run_dir, state, self.iteration, self.total_iters, checkpoint_iteration=saved, **extra)
+            saved = latest_iteration(self.run_dir) or 0
+            if failure is not None:
+                state, extra = "failed", {"error": f"{type(failure).__name__}: {failure}"[:1000]}
+            else:
+                state, extra = ("finished" if saved >= self.total_iters else "stopped"), {}
+            try:
+                write_status(self.run_dir, state, self.iteration, self.total_iters, checkpoint_iteration=saved,
+                             **extra)
+            except OutputError as error:
+                if failure is None:
+                    raise
+                print(f"warning: the failure could not be recorded in {STATUS_FILE}: {error}", file=sys.stderr,
+                      flush=True)
+        if failure is not None and failure is not propagating:
+            raise failure
