@@ -8,6 +8,11 @@ GPUs), so tokens/s and MFU are reported everywhere; the console says which sourc
 
 from __future__ import annotations
 
+# Reaches into a library's internals (checked against tensorboard 2.20):
+# - the class name of tensorboard's event writer thread (_AsyncWriterThread): its write error is
+#   handed to the main thread (reported as one line, see Metrics._tensorboard) and also re-raised in
+#   the thread, whose traceback threading.excepthook would print; only that duplicate is dropped.
+
 import contextlib
 import functools
 import json
@@ -15,6 +20,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.console import Progress, format_duration
-from data_prep.errors import OutputError
+from data_prep.errors import OutputError, write_fault
 from pretrain.trainer.run_dir import run_output
 
 # Dense BF16 peak per device (TFLOP/s), for the MFU estimate.
@@ -111,6 +117,21 @@ def read_status(run_dir: str | Path) -> dict | None:
         return None
 
 
+def _drop_writer_thread_tracebacks() -> None:
+    """Silence the TensorBoard writer thread's own traceback of a write fault (the main thread reports it)."""
+    previous = threading.excepthook
+    if getattr(previous, "drops_writer_faults", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and write_fault(args.exc_value) is not None:
+            return
+        previous(args)
+
+    hook.drops_writer_faults = True
+    threading.excepthook = hook
+
+
 class Metrics:
     """Console lines on rank 0 (with a redrawn progress line on a terminal), TensorBoard scalars on the
     last rank (which holds the loss, as in Megatron), and the run's status.json on rank 0."""
@@ -124,8 +145,16 @@ class Metrics:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
-            with self._tensorboard():
-                self.writer = SummaryWriter(log_dir=self.tb_dir)
+            _drop_writer_thread_tracebacks()
+            try:
+                with self._tensorboard():
+                    self.writer = SummaryWriter(log_dir=self.tb_dir)
+            except OutputError as error:  # before the loop's `finally` exists: record the failure here
+                if self.rank == 0:
+                    with contextlib.suppress(OutputError):
+                        write_status(self.run_dir, "failed", start, total_iters,
+                                     error=f"{type(error).__name__}: {error}"[:1000])
+                raise
         self.peak, self.peak_source = peak_tflops(config.logging.peak_tflops, config.model.bf16)
         self.flops_per_token = config.model.flops_per_token()
         self.progress = Progress(total_iters, desc="train", start=start, enabled=self.rank == 0)
