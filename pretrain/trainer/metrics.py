@@ -132,6 +132,26 @@ def _drop_writer_thread_tracebacks() -> None:
     threading.excepthook = hook
 
 
+def status_problem(run_dir: str | Path) -> str | None:
+    """Why the run's status.json cannot be trusted (empty, not JSON, no known state), or None (fine or absent)."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"unreadable ({os.strerror(error.errno) if error.errno else error})"
+    if not text.strip():
+        return "empty"
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return "not valid JSON (truncated or overwritten)"
+    if not isinstance(record, dict) or record.get("state") not in RUN_STATES:
+        return f"holds no known state (one of {', '.join(RUN_STATES)})"
+    return None
+
+
 class Metrics:
     """Console lines on rank 0 (with a redrawn progress line on a terminal), TensorBoard scalars on the
     last rank (which holds the loss, as in Megatron), and the run's status.json on rank 0."""
