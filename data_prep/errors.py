@@ -37,9 +37,12 @@ class DataError(RuntimeError):
 class OutputError(DataError):
     """An output could not be written: its disk is full, its directory read-only, or removed while running."""
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int = 0) -> None:
         super().__init__(message)
         self.errno = code
+
+    def __reduce__(self):  # crosses process boundaries (data_prep workers) with its errno
+        return type(self), (str(self), self.errno)
 
 
 class OutputSpaceError(OutputError):
@@ -150,23 +153,36 @@ def output_error(code: int, path: str | os.PathLike, *, what: str = "", needed: 
 @contextmanager
 def naming_output(path: str | os.PathLike, *, what: str = "", needed: str | None = None,
                   elsewhere: str = DEFAULT_ELSEWHERE, then: Then = DEFAULT_THEN,
-                  faults: frozenset[int] = WRITE_FAULTS) -> Iterator[None]:
+                  faults: frozenset[int] = WRITE_FAULTS, partial: tuple[str, ...] = ()) -> Iterator[None]:
     """Turn a write fault raised inside the block into an OutputError naming `path` and the fix.
 
     Write errors rarely carry a filename (write() and close() do not), so without this the user
     sees "[Errno 28] No space left on device" and no idea which of several disks filled up.
-    `faults` narrows the errnos explained (FULL_OR_READ_ONLY where the block also reads inputs).
+    `faults` narrows the errnos explained (FULL_OR_READ_ONLY where the block also reads inputs);
+    the `partial` files the block writes are removed when it fails, whatever the error.
     """
     try:
         yield
-    except OutputError:
-        raise
     except Exception as error:
+        written = sum(os.path.getsize(p) for p in partial if os.path.isfile(p))
+        removed = [os.path.basename(p) for p in partial if _remove(p)]
         code = write_fault(error)
-        if code not in faults:
+        if isinstance(error, OutputError) or code not in faults:
             raise
-        raise output_error(code, getattr(error, "filename", None) or path, what=what, needed=needed,
+        if needed is None and written and code in _NO_SPACE:
+            needed = f"more than the {human_bytes(written)} written before the failure"
+        done = f"removed the partial {', '.join(removed)}" if removed else ""
+        raise output_error(code, getattr(error, "filename", None) or path, what=what, needed=needed, done=done,
                            elsewhere=elsewhere, then=then) from None
+
+
+def _remove(path: str) -> bool:
+    """Delete a temporary file if it is there; True when it was."""
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
 
 
 def one_line(message: str) -> str:
