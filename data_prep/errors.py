@@ -23,7 +23,8 @@ _REMOVED = {errno.ENOENT, errno.ESTALE}
 WRITE_FAULTS = frozenset(_NO_SPACE | _NOT_WRITABLE | _REMOVED)
 # a block that also reads inputs: a missing file there is a missing input, not a removed output
 FULL_OR_READ_ONLY = frozenset(_NO_SPACE | _NOT_WRITABLE)
-_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
+# "[Errno 28]" from Python, "(os error 28)" / "Os { code: 28" from Rust libraries (safetensors, tokenizers)
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]|\(os error (\d+)\)|Os \{ code: (\d+)")
 
 DEFAULT_ELSEWHERE = "pass an --output-prefix on a larger disk"
 DEFAULT_THEN = "rerun the same command (finished work is kept and resumed)"
@@ -62,16 +63,15 @@ def write_fault(error: BaseException | None) -> int | None:
         if item is None or id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, OutputError):
-            return item.errno
-        if isinstance(item, OSError) and item.errno in WRITE_FAULTS:
+        if getattr(item, "errno", None) in WRITE_FAULTS:  # OSError, OutputError, CheckpointSaveError
             return item.errno
         try:
             match = _ERRNO_TEXT.search(str(item))
         except Exception:  # noqa: BLE001 (a library __str__ that fails must not hide the original error)
             match = None
-        if match and int(match.group(1)) in WRITE_FAULTS:
-            return int(match.group(1))
+        code = int(next(g for g in match.groups() if g)) if match else None
+        if code in WRITE_FAULTS:
+            return code
         failures = getattr(item, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
         if isinstance(failures, dict):
             for failure in failures.values():
@@ -153,13 +153,15 @@ def output_error(code: int, path: str | os.PathLike, *, what: str = "", needed: 
 @contextmanager
 def naming_output(path: str | os.PathLike, *, what: str = "", needed: str | None = None,
                   elsewhere: str = DEFAULT_ELSEWHERE, then: Then = DEFAULT_THEN,
-                  faults: frozenset[int] = WRITE_FAULTS, partial: tuple[str, ...] = ()) -> Iterator[None]:
+                  faults: frozenset[int] = WRITE_FAULTS, partial: tuple[str, ...] = (),
+                  done: str = "") -> Iterator[None]:
     """Turn a write fault raised inside the block into an OutputError naming `path` and the fix.
 
     Write errors rarely carry a filename (write() and close() do not), so without this the user
     sees "[Errno 28] No space left on device" and no idea which of several disks filled up.
     `faults` narrows the errnos explained (FULL_OR_READ_ONLY where the block also reads inputs);
-    the `partial` files the block writes are removed when it fails, whatever the error.
+    the `partial` files the block writes are removed when it fails, whatever the error (`done` says
+    what the caller cleans up itself).
     """
     try:
         yield
@@ -171,8 +173,10 @@ def naming_output(path: str | os.PathLike, *, what: str = "", needed: str | None
             raise
         if needed is None and written and code in _NO_SPACE:
             needed = f"more than the {human_bytes(written)} written before the failure"
-        done = f"removed the partial {', '.join(removed)}" if removed else ""
-        raise output_error(code, getattr(error, "filename", None) or path, what=what, needed=needed, done=done,
+        done = f"removed the partial {', '.join(removed)}" if removed else done
+        # a named output is told by the path the user gave; an unnamed one by the file that failed
+        where = path if what else getattr(error, "filename", None) or path
+        raise output_error(code, where, what=what, needed=needed, done=done,
                            elsewhere=elsewhere, then=then) from None
 
 

@@ -188,11 +188,13 @@ def _start_writer_process_shielded() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int) -> Path:
+def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int, *,
+         run_dir_exists: bool = False) -> Path:
     """Collective: write checkpoint `iteration` atomically, then prune to the newest `keep_last`.
 
     A write fault on any rank (full disk, read-only or removed run directory) raises one
-    CheckpointSaveError on every rank, after the partial iter_N.tmp is removed."""
+    CheckpointSaveError on every rank, after the partial iter_N.tmp is removed. With
+    `run_dir_exists` (a training run, which made it) a vanished run directory is not recreated."""
     from megatron.core import dist_checkpointing
 
     _start_writer_process_shielded()
@@ -209,7 +211,7 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
     def make_tmp() -> None:
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()  # not parents=True: a run directory removed under the run is an error, not recreated
+            tmp.mkdir(parents=not run_dir_exists)
 
     def write_shards() -> None:
         model_state = engine.sharded_state_dict()
@@ -246,6 +248,10 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
 class CheckpointSaveError(CheckpointError):
     """A checkpoint could not be written: full disk, read-only or removed run directory."""
 
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.errno = code  # the write fault, for callers that re-describe it (import-hf)
+
 
 def _on_every_rank(step, run_dir: Path, iteration: int) -> None:
     """Collective: run `step` on every rank; a write fault on any rank raises one CheckpointSaveError on all.
@@ -278,7 +284,7 @@ def _on_every_rank(step, run_dir: Path, iteration: int) -> None:
         message = [str(_save_failed(run_dir, iteration, int(codes.item())))]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(message, src=0)
-    raise CheckpointSaveError(message[0]) from None
+    raise CheckpointSaveError(message[0], int(codes.item())) from None
 
 
 def _save_failed(run_dir: Path, iteration: int, code: int) -> OutputError:

@@ -119,7 +119,7 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
         engine.sync_params()  # overlap_param_gather defers the last update's all-gather
         checkpoint.save(run_dir, iteration, engine,
                         {"config": to_dict(config), "consumed_samples": iteration * gbs},
-                        keep_last=config.checkpoint.keep_last)
+                        keep_last=config.checkpoint.keep_last, run_dir_exists=True)
 
     metrics = Metrics(config, total_iters, start)
     exit_code = 0
