@@ -180,6 +180,34 @@ def naming_output(path: str | os.PathLike, *, what: str = "", needed: str | None
                            elsewhere=elsewhere, then=then) from None
 
 
+def write_text_atomic(path: str | os.PathLike, text: str, *, what: str = "", elsewhere: str = DEFAULT_ELSEWHERE,
+                      then: Then = DEFAULT_THEN) -> None:
+    """Write `text` to `path` (parents created) through a temporary file renamed into place: a write fault
+    leaves the previous file (or none) and no temporary file, and raises our one-line OutputError."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with naming_output(path, what=what, elsewhere=elsewhere, then=then, partial=(tmp,)):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+
+
+def check_writable(directory: str | os.PathLike, *, what: str = "", elsewhere: str = DEFAULT_ELSEWHERE,
+                   then: Then = DEFAULT_THEN) -> None:
+    """Create `directory` and a probe file in it, before long work whose result goes there: a read-only,
+    removed or completely full disk is reported now rather than after hours of computing."""
+    directory = os.fspath(directory)
+    probe = os.path.join(directory, f".write-probe-{os.getpid()}")
+    with naming_output(directory, what=what, elsewhere=elsewhere, then=then, partial=(probe,)):
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * 4096)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.unlink(probe)
+
+
 def _remove(path: str) -> bool:
     """Delete a temporary file if it is there; True when it was."""
     try:
