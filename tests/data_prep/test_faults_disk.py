@@ -90,3 +90,19 @@ def test_read_only_output_disk_is_one_line_exit_2_and_touches_nothing(tok_path, 
     assert f"{disk.path}/b" in line and "Read-only file system while writing" in line
     assert "fix: make" in line and "writable" in line and "--output-prefix" in line
     assert file_hashes(disk.path) == before
+
+
+def test_embedded_corpus_on_a_full_disk_names_the_output_and_the_fix(small_disk):
+    disk = small_disk("256k")
+    line = the_error_line(run_cli(["embedded-corpus", "--output", str(disk.path / "corpus"), "--max-bytes",
+                                   "1000000"], timeout=120))
+    assert f"corpus output ({disk.path}/corpus): No space left on device while writing" in line
+    assert "--output on a larger disk" in line
+
+
+def test_train_tokenizer_into_a_read_only_disk_names_the_output_and_the_fix(corpora, small_disk):
+    disk = small_disk("256k")
+    disk.read_only()
+    line = the_error_line(run_cli(["train-tokenizer", "--input", corpora["small"], "--output", str(disk.path / "tok"),
+                                   "--kind", "bytelevel-bpe", "--vocab-size", "300"], timeout=120))
+    assert f"tokenizer output ({disk.path}/tok): Read-only file system while writing" in line
