@@ -98,7 +98,7 @@ PRESETS: dict[str, SuitePreset] = {
     # Every task learned in distribution (the learnability gate), 8 methods; one seed ≈ 90 min on 2 quiet cores
     # (a run of --seeds 2 is two such blocks, resumable). Budgets from RoPE probes (benchmarks/README.md,
     # "cpu-long calibration"): copy / copy2 / reverse at N = 10 are learned by 600 steps (99.9 % seen in the
-    # 600-step run); duplicate N = 10 reaches train loss 0.001 by step 1,200; missing duplicate N = 10 is at
+    # 600-step run); duplicate N = 10 is at 99.8 % seen at step 1,200 of 1,600; missing duplicate N = 10 is at
     # 94 % seen after 1,000 steps and 99 % after 1,500; summation is cut to N = 5 (N = 8 was at 31 % after
     # 600 steps; N = 5 reaches 99 % at step 1,500 of 2,000); sort to N = 3 (1–4-digit items make its window
     # ~6 tokens per item; N = 5 was at 47.5 %; N = 4 reached 93 % at step 1,500 and 96 % at 2,000, with
