@@ -124,7 +124,7 @@ def runtime_text(timing: dict) -> str:
     cpu = timing["train_cpu_s"] + timing["eval_cpu_s"]
     cores = timing.get("cores") or 1
     untimed = timing["runs"] - timing["train_runs_timed"]
-    return (f"Runtime: {timing['wall_s'] / 60:.1f} min wall with {timing['jobs']} runs side by side (load average "
+    return (f"Runtime: {timing['wall_s'] / 60:.1f} min wall (this invocation; earlier ones of a resumed run not included) with {timing['jobs']} runs side by side (load average "
             f"{timing['load_start']} at the start, {timing['load_end']} at the end: other jobs on the machine stretch "
             f"wall time, not CPU time); CPU time {timing['train_cpu_s'] / 60:.1f} min training + "
             f"{timing['eval_cpu_s'] / 60:.1f} min evaluation = {cpu / 60:.1f} min; **estimated** wall time on a quiet "
