@@ -11,6 +11,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def peak_cache(tmp_path_factory):
+    """The measured-peak cache of this session (and of the runs it starts), instead of ~/.cache/posaug."""
+    previous = os.environ.get("POSAUG_CACHE_DIR")
+    os.environ["POSAUG_CACHE_DIR"] = str(tmp_path_factory.mktemp("posaug_cache"))
+    yield Path(os.environ["POSAUG_CACHE_DIR"])
+    if previous is None:
+        del os.environ["POSAUG_CACHE_DIR"]
+    else:
+        os.environ["POSAUG_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def megatron_world():
     """Megatron parallel state for one gloo process (TP=PP=1), shared by in-process tests."""

@@ -143,14 +143,14 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                 mfu = metrics.mfu(tokens_per_s)
                 metrics.scalars(done, {"train/loss": result.loss, "train/lr": result.lr,
                                        "train/grad_norm": result.grad_norm, "perf/tokens_per_s": tokens_per_s,
-                                       "perf/step_time_s": step_time, "perf/mfu": mfu,
+                                       "perf/step_time_s": step_time, **({} if mfu is None else {"perf/mfu": mfu}),
                                        **{f"positions/{k}": v for k, v in stats.items()}})
                 alpha = f" | α {stats['alpha']:.3f}" if "alpha" in stats else ""
                 metrics.console(
                     f"step {done}/{total_iters} | loss {result.loss:.4f} | lr {result.lr:.2e} | "
                     f"gnorm {result.grad_norm:.3f}{alpha} | max pos {stats.get('max_position', 0):.0f} | "
                     f"{tokens_per_s / 1e3:.1f}K tok/s | {step_time:.2f} s/step"
-                    f" | MFU {100 * mfu:.3g}% | ETA {metrics.eta()}")
+                    + ("" if mfu is None else f" | MFU {100 * mfu:.3g}%") + f" | ETA {metrics.eta()}")
                 metrics.heartbeat(done)
                 window_start, window_steps = time.time(), 0
             if valid_data is not None and (done % config.logging.eval_interval == 0 or done == total_iters):

@@ -1,9 +1,9 @@
 """The training run's outputs besides checkpoints: the console line, TensorBoard scalars, MFU,
 and `status.json`, the run's state for `python -m pretrain runs`.
 
-MFU needs the device's peak FLOP/s. It comes from `logging.peak_tflops` when set, else from
-PEAK_TFLOPS for known GPUs, else from a one-off matmul measured once per process (CPU, unknown
-GPUs), so tokens/s and MFU are reported everywhere; the console says which source it used.
+MFU needs the device's peak FLOP/s (peak.py: config, known GPU, or a cached measurement); the
+console says where it came from. An MFU above 100 % is impossible: `Metrics.mfu` warns once
+and returns None from then on, so no console line and no scalar writer ever gets it.
 """
 
 from __future__ import annotations
@@ -14,82 +14,47 @@ from __future__ import annotations
 #   the thread, whose traceback threading.excepthook would print; only that duplicate is dropped.
 
 import contextlib
-import functools
 import json
 import math
 import os
 import socket
 import sys
 import threading
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from pretrain.console import Progress, format_duration
 from data_prep.errors import OutputError, write_fault
+from pretrain.console import Progress, format_duration
+from pretrain.trainer.peak import Peak, device_peak, forget, plausible_mfu
 from pretrain.trainer.run_dir import run_output
 
-# Dense BF16 peak per device (TFLOP/s), for the MFU estimate.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
 STATUS_FILE = "status.json"
 RUN_STATES = ("running", "finished", "stopped", "failed")
 
 
-def known_peak_tflops() -> float | None:
-    """The table's peak for this process's GPU, if it is a known one."""
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
-
-
-@functools.lru_cache(maxsize=None)
-def measured_peak_tflops(device: str = "cpu", dtype: torch.dtype = torch.float32, size: int = 1024,
-                         seconds: float = 0.25) -> float:
-    """Matmul TFLOP/s of this device measured once per process (the best of repeated n×n products)."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-
-    def sync():
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-
-    torch.matmul(a, b)  # warm-up (thread pool, kernel selection)
-    sync()
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline or best == 0.0:
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        sync()
-        best = max(best, 2 * size ** 3 / max(time.perf_counter() - start, 1e-9) / 1e12)
-    return best
-
-
-def peak_tflops(configured: float | None, bf16: bool = False) -> tuple[float, str]:
-    """(peak TFLOP/s per device, where it came from): config, table, or measured matmul."""
-    if configured:
-        return float(configured), "logging.peak_tflops"
-    known = known_peak_tflops()
-    if known:
-        return known, f"table ({torch.cuda.get_device_name()})"
-    if torch.cuda.is_available():
-        dtype = torch.bfloat16 if bf16 else torch.float32
-        return measured_peak_tflops("cuda", dtype, 4096), "measured matmul"
-    return measured_peak_tflops("cpu", torch.float32), f"measured {torch.get_num_threads()}-thread fp32 matmul"
-
-
 def config_summary(config) -> str:
     """One line naming what the resolved config runs: name, size, method, seed, layers, precision."""
-    from pretrain.experiments.runs import method_name, size_name
+    from pretrain.naming import method_name, size_name
 
     model = config.model
     precision = "fp8" if model.fp8 else "bf16" if model.bf16 else "fp32"
     return (f"{config.name} | size {size_name(model)} | method {method_name(config.positions, model.seq_length)} | "
             f"seed {config.seed} | w={model.seq_length} | {model.transformer_impl} layers, {precision} | "
             f"lr {config.optimizer.lr:g}")
+
+
+def _shared_peak(config, rank: int) -> Peak:
+    """The first rank's peak on every rank (measured once, not by every rank at the same time)."""
+    peak = [None]
+    if rank == 0:
+        peak[0] = device_peak(config.logging.peak_tflops, config.model, config.schedule.micro_batch_size,
+                              config.parallel.tensor_model_parallel_size)
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(peak, src=0)
+    return peak[0]
 
 
 def write_status(run_dir: str | Path, state: str, iteration: int, train_iters: int, **extra) -> None:
@@ -175,13 +140,14 @@ class Metrics:
                         write_status(self.run_dir, "failed", start, total_iters,
                                      error=f"{type(error).__name__}: {error}"[:1000])
                 raise
-        self.peak, self.peak_source = peak_tflops(config.logging.peak_tflops, config.model.bf16)
+        self.peak = _shared_peak(config, self.rank)
+        self.mfu_dropped = False
         self.flops_per_token = config.model.flops_per_token()
         self.progress = Progress(total_iters, desc="train", start=start, enabled=self.rank == 0)
         self.iteration = start
         if self.rank == 0:
             write_status(self.run_dir, "running", start, total_iters)
-            print(f"MFU against a peak of {self.peak:.3g} TFLOP/s per device ({self.peak_source})", flush=True)
+            print(f"MFU against a peak of {self.peak.tflops:.3g} TFLOP/s per device ({self.peak.describe()})", flush=True)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Write scalars to TensorBoard (last rank only)."""
@@ -215,9 +181,29 @@ class Metrics:
         if self.rank == 0:
             write_status(self.run_dir, "running", done, self.total_iters)
 
-    def mfu(self, tokens_per_s: float) -> float:
-        """Model FLOPs utilisation against the peak of `peak_source`, over all ranks."""
-        return tokens_per_s * self.flops_per_token / (self.peak * 1e12 * self.world)
+    def mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilisation over all ranks; None for the rest of the run once one was impossible.
+
+        Every rank calls this at the same steps: the value is the maximum over ranks, so the console
+        (first rank) and the scalar writers (last rank) drop MFU together.
+        """
+        if self.mfu_dropped:
+            return None
+        value = tokens_per_s * self.flops_per_token / (self.peak.tflops * 1e12 * self.world)
+        if self.world > 1:
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+            agreed = torch.tensor([value], dtype=torch.float64, device=device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            value = agreed.item()
+        if plausible_mfu(value):
+            return value
+        self.mfu_dropped = True
+        forgotten = self.rank == 0 and forget(self.peak)
+        self.console(f"warning: MFU {100 * value:.3g}% is impossible, so the peak of {self.peak.tflops:.3g} TFLOP/s "
+                     f"({self.peak.describe()}) is wrong: MFU is not reported for the rest of this run"
+                     + ("; removed from the cache, the next run measures again" if forgotten else "")
+                     + "; set logging.peak_tflops to the device's real peak")
+        return None
 
     def eta(self) -> str:
         """Time left for the run at the average rate since (re)start."""
