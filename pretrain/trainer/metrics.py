@@ -1,4 +1,4 @@
-"""The training run's outputs besides checkpoints: the console line, TensorBoard scalars, MFU,
+"""The training run's outputs besides checkpoints: the console line, scalars (TensorBoard, W&B: tracking.py), MFU,
 and `status.json`, the run's state for `python -m pretrain runs`.
 
 MFU needs the device's peak FLOP/s. It comes from `logging.peak_tflops` when set, else from
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import socket
 import sys
@@ -22,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.console import Progress, format_duration
+from pretrain.trainer.tracking import open_trackers
 
 # Dense BF16 peak per device (TFLOP/s), for the MFU estimate.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -111,12 +111,7 @@ class Metrics:
         self.total_iters = total_iters
         self.run_dir = config.run_dir
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.writer = None
-        if self.rank == self.world - 1:
-            from torch.utils.tensorboard import SummaryWriter
-
-            tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
-            self.writer = SummaryWriter(log_dir=tb_dir)
+        self.trackers = open_trackers(config, self.rank, self.world)
         self.peak, self.peak_source = peak_tflops(config.logging.peak_tflops, config.model.bf16)
         self.flops_per_token = config.model.flops_per_token()
         self.progress = Progress(total_iters, desc="train", start=start, enabled=self.rank == 0)
@@ -126,11 +121,8 @@ class Metrics:
             print(f"MFU against a peak of {self.peak:.3g} TFLOP/s per device ({self.peak_source})", flush=True)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
-        """Write scalars to TensorBoard (last rank only)."""
-        if self.writer is not None:
-            for name, value in values.items():
-                if value is not None and math.isfinite(value):
-                    self.writer.add_scalar(name, value, step)
+        """Write scalars to TensorBoard (last rank) and W&B (rank 0, when configured)."""
+        self.trackers.log(step, values)
 
     def console(self, text: str) -> None:
         """One persistent line on rank 0."""
@@ -160,15 +152,14 @@ class Metrics:
         return format_duration(eta) if eta is not None else "--:--:--"
 
     def close(self) -> None:
-        """Flush TensorBoard and record the final state (failed when an exception is propagating)."""
-        if self.writer is not None:
-            self.writer.close()
+        """Flush TensorBoard/W&B and record the final state (failed when an exception is propagating)."""
+        error = sys.exc_info()[1]  # close() runs in the loop's `finally`
+        self.trackers.close(failed=error is not None)
         self.progress.close()
         if self.rank != 0:
             return
         from pretrain.trainer.checkpoint import latest_iteration
 
-        error = sys.exc_info()[1]  # close() runs in the loop's `finally`
         saved = latest_iteration(self.run_dir) or 0
         if error is not None:
             state, extra = "failed", {"error": f"{type(error).__name__}: {error}"[:500]}

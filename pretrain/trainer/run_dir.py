@@ -25,6 +25,8 @@ from typing import Callable, TypeVar
 import torch
 import torch.distributed as dist
 
+from pretrain.trainer.tracking import forget_wandb_run
+
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "train_state.json"
 _ITER = re.compile(r"iter_(\d{7})")
@@ -157,9 +159,10 @@ def plan_resume(run_dir: str | Path, *, overwrite: bool = False) -> Resume:
             shutil.rmtree(path)
         (run_dir / LATEST).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        forget_wandb_run(run_dir)
         return Resume(notes=[f"checkpoint.overwrite=true: deleted the damaged checkpoints "
                              f"({', '.join(p.name for _, p in found) or 'none'}), {LATEST} and TensorBoard "
-                             f"events of the previous run in {run_dir}; starting a new run"])
+                             f"events of the previous run in {run_dir}; starting a new run (and a new W&B run)"])
     if damaged:
         raise CheckpointError(f"run directory {run_dir} holds no intact checkpoint ({'; '.join(damaged)}); "
                               f"{FRESH_START}")

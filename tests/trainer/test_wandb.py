@@ -1,0 +1,216 @@
+"""Weights & Biases tracking (`logging.wandb`): the same scalars as TensorBoard, one W&B run across resumes,
+config-time errors. Runs are offline; their `.wandb` files are read back with wandb's own reader
+(`wandb leet inspect --json`)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, tensorboard_scalars
+
+TINY = ["preset=tiny", "model.vocab_size=512", "schedule.global_batch_size=8", "schedule.micro_batch_size=2",
+        "optimizer.lr=3e-3", "optimizer.min_lr=3e-4", "optimizer.lr_warmup_iters=2", "logging.log_interval=1",
+        "logging.eval_interval=3", "logging.eval_iters=1", "data.synthetic=true", "positions.strategy=posaug",
+        "logging.wandb.project=pretrain-tests", "logging.wandb.mode=offline"]
+TB_TAGS = ("train/loss", "train/lr", "train/grad_norm", "positions/alpha", "perf/tokens_per_s", "perf/mfu",
+           "valid/loss")
+
+
+def _env(tmp_path: Path) -> dict:
+    """No credentials, wandb's own config/cache under tmp_path: nothing can reach a server or the user's files."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", NETRC=str(tmp_path / "no-netrc"),
+               WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
+               WANDB_DATA_DIR=str(tmp_path / "wandb-data"))
+    return env
+
+
+def _train(run_dir: Path, env: dict, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--set", *TINY, f"checkpoint.save={run_dir}",
+                           *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def wandb_records(run_dir: Path, env: dict) -> list[list[dict]]:
+    """Every offline start of the run (oldest first), each as its list of records, via `wandb leet inspect`."""
+    starts = []
+    for directory in sorted((run_dir / "wandb").glob("offline-run-*")):
+        out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(directory)],
+                             env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+        starts.append([json.loads(line) for line in out.splitlines() if line.strip()])
+    return starts
+
+
+def history(records: list[dict]) -> list[dict]:
+    """The history rows of one start: {"_step": n, tag: value, ...}."""
+    return [r["history"]["item"] for r in records if r["type"] == "history"]
+
+
+
+
+@pytest.mark.slow
+def test_offline_run_holds_the_same_scalar_series_as_tensorboard(tmp_path):
+    env, run_dir = _env(tmp_path), tmp_path / "run"
+    proc = _train(run_dir, env, "schedule.train_iters=4", "name=tiny_posaug")
+    assert "W&B: offline run" in proc.stdout and "wandb sync" in proc.stdout
+    [records] = wandb_records(run_dir, env)
+    rows = history(records)
+    assert [row["_step"] for row in rows] == [1, 2, 3, 4]
+    for tag in TB_TAGS:
+        expected = tensorboard_scalars(run_dir, tag)
+        got = {row["_step"]: row[tag] for row in rows if tag in row}
+        assert expected and sorted(got) == sorted(expected), tag
+        for step, value in expected.items():  # TensorBoard stores float32, W&B the float64
+            assert got[step] == pytest.approx(value, rel=1e-6), (tag, step)
+    assert not any(k.startswith("valid/") for k in rows[1]), "validation only at eval_interval"
+
+
+@pytest.mark.slow
+def test_wandb_run_is_named_after_the_run_and_holds_the_resolved_config(tmp_path):
+    env, run_dir = _env(tmp_path), tmp_path / "run"
+    _train(run_dir, env, "schedule.train_iters=1", "name=tiny_posaug")
+    [records] = wandb_records(run_dir, env)
+    [run] = [r["run"] for r in records if r["type"] == "run"]
+    state = json.loads((run_dir / "wandb" / "run.json").read_text())
+    assert run["display_name"] == "tiny_posaug" and run["run_id"] == state["id"]
+    assert run["project"] == "pretrain-tests"
+    config = run["config"]["update"]
+    assert config["positions"]["strategy"] == "posaug" and config["model"]["num_layers"] >= 1
+    assert config["train_iters"] == 1 and config["logging"]["wandb"]["mode"] == "offline"
+
+
+def _wait_for_step(proc, step: int, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    for line in proc.stdout:
+        if line.startswith(f"step {step}/"):
+            return
+        if time.time() > deadline:
+            break
+    proc.kill()
+    raise AssertionError(f"never reached step {step}")
+
+
+@pytest.mark.slow
+def test_kill_and_resume_continue_one_wandb_run_without_duplicate_steps(tmp_path):
+    env, run_dir = _env(tmp_path), tmp_path / "run"
+    overrides = ["schedule.train_iters=6", "checkpoint.save_interval=2", "checkpoint.keep_last=5"]
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *TINY, f"checkpoint.save={run_dir}",
+                             *overrides], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    _wait_for_step(proc, 5)  # checkpoint 4 is complete; steps 1-5 are logged
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed_state = json.loads((run_dir / "wandb" / "run.json").read_text())
+    resumed = _train(run_dir, env, *overrides)
+    assert "resumed from iteration 4" in resumed.stdout
+
+    starts = wandb_records(run_dir, env)
+    assert len(starts) == 2
+    ids = {r["run"]["run_id"] for records in starts for r in records if r["type"] == "run"}
+    assert ids == {killed_state["id"]}
+    steps = [row["_step"] for records in starts for row in history(records)]
+    assert steps == sorted(set(steps)), f"duplicated or unordered steps {steps}"
+    assert [row["_step"] for row in history(starts[1])] == [s for s in range(1, 7) if s > killed_state["last_step"]]
+    assert set(steps) <= set(range(1, 7)) and 6 in steps
+    # the resumed process logs exactly what it recomputed (TensorBoard keeps the later files' values)
+    expected = tensorboard_scalars(run_dir, "train/loss")
+    for row in history(starts[1]):
+        assert row["train/loss"] == pytest.approx(expected[row["_step"]], rel=1e-6)
+
+
+# --- configuration (fast, no training) ---
+
+def _config(*overrides: str):
+    from pretrain.trainer import config
+
+    return config.load(None, ["data.synthetic=true", "preset=tiny", "schedule.train_iters=2",
+                              "schedule.global_batch_size=8", "schedule.micro_batch_size=2", *overrides])
+
+
+def test_missing_wandb_package_fails_config_validation_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # how Python marks a module as not importable
+    config = _config("logging.wandb.project=p", "logging.wandb.mode=offline")
+    with pytest.raises(ValueError, match=r"wandb package is not installed.*\.\[wandb\]"):
+        config.validate(world_size=1)
+
+
+def test_missing_wandb_package_exits_2_with_one_line_before_training(tmp_path):
+    code = ("import sys; sys.modules['wandb'] = None; from pretrain.__main__ import main; "
+            f"sys.exit(main(['train', '--set', 'data.synthetic=true', 'preset=tiny', 'schedule.train_iters=2', "
+            f"'schedule.global_batch_size=8', 'schedule.micro_batch_size=2', 'checkpoint.save={tmp_path / 'run'}', "
+            f"'logging.wandb.project=p']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: logging.wandb is set but the wandb package"), proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_disabled_mode_needs_no_wandb_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    _config("logging.wandb.mode=disabled").validate(world_size=1)
+
+
+def test_disabled_mode_writes_nothing_of_wandb(tmp_path, monkeypatch):
+    from pretrain.trainer.tracking import TensorBoardSink, open_trackers
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # disabled must not even import it
+    config = _config("logging.wandb.mode=disabled", f"checkpoint.save={tmp_path}")
+    trackers = open_trackers(config, rank=0, world=1)
+    trackers.log(1, {"train/loss": 1.0})
+    trackers.close()
+    assert [type(s) for s in trackers.sinks] == [TensorBoardSink]
+    assert not (tmp_path / "wandb").exists() and list((tmp_path / "tensorboard").iterdir())
+
+
+def test_online_mode_without_api_key_fails_config_validation(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match=r"mode=online but no W&B API key.*mode=offline"):
+        _config("logging.wandb.mode=online").validate(world_size=1)
+
+
+def test_mode_defaults_to_offline_without_api_key_and_online_with_one(tmp_path, monkeypatch):
+    from pretrain.trainer.tracking import resolve_mode
+
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert resolve_mode(None) == "offline"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "a" * 40 + "\n")
+    netrc.chmod(0o600)
+    assert resolve_mode(None) == "online"
+    assert resolve_mode("offline") == "offline"  # the config wins
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_mode(None) == "disabled"
+
+
+def test_wandb_section_accepts_nested_overrides_and_rejects_unknown_fields():
+    config = _config("logging.wandb.project=posaug", "logging.wandb.entity=my-team")
+    assert (config.logging.wandb.project, config.logging.wandb.entity, config.logging.wandb.mode) == \
+        ("posaug", "my-team", None)
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['projct'\] in logging.wandb"):
+        _config("logging.wandb.projct=posaug")
+    with pytest.raises(ValueError, match="logging.wandb.mode must be one of online, offline, disabled"):
+        _config("logging.wandb.mode=cloud")
+
+
+def test_overwriting_a_damaged_run_starts_a_new_wandb_run(tmp_path):
+    from pretrain.trainer.run_dir import LATEST, plan_resume
+    from pretrain.trainer.tracking import read_wandb_state
+
+    (tmp_path / "wandb").mkdir()
+    (tmp_path / "wandb" / "run.json").write_text(json.dumps({"id": "old-run", "last_step": 50}))
+    (tmp_path / LATEST).write_text("50")  # traces of a run, no intact checkpoint
+    plan_resume(tmp_path, overwrite=True)
+    assert read_wandb_state(tmp_path) is None
