@@ -2,7 +2,8 @@
 
 `Trackers.log(step, values)` drops None and non-finite values once and hands the rest to every sink, so
 both hold the same series. TensorBoard writes on the last rank (which holds the loss, as in Megatron);
-W&B logs on rank 0 only (the loss, grad-norm and validation loss are reduced onto every rank).
+W&B logs on rank 0 only (the loss, grad-norm and validation loss are reduced onto every rank; tokens/s,
+step time and MFU are each rank's own clock, so across ranks they agree only closely).
 
 W&B run identity: the first start in a run directory picks an id (run name + hash of the directory and the
 creation time) and keeps it, with the last step it logged, in `<run>/wandb/run.json`. A requeued or resumed
