@@ -103,10 +103,10 @@ def check_wandb(settings) -> None:
     if numbers < WANDB_MIN_VERSION:
         raise ValueError(f"logging.wandb needs wandb >= {'.'.join(map(str, WANDB_MIN_VERSION))} (installed: "
                          f"{version}); upgrade with {INSTALL_HINT}")
-    if settings.mode == "online" and not _has_api_key():
-        raise ValueError("logging.wandb.mode=online but no W&B API key was found (WANDB_API_KEY, or ~/.netrc "
-                         "from `wandb login`); log in, or set logging.wandb.mode=offline and upload later "
-                         "with `wandb sync`")
+    if resolve_mode(settings.mode) == "online" and not _has_api_key():
+        source = "logging.wandb.mode=online" if settings.mode else "WANDB_MODE=online"
+        raise ValueError(f"{source} but no W&B API key was found (WANDB_API_KEY, or ~/.netrc from `wandb login`); "
+                         f"log in, or set logging.wandb.mode=offline and upload later with `wandb sync`")
 
 
 def read_wandb_state(run_dir: str | Path) -> dict | None:
