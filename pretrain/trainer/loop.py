@@ -19,6 +19,7 @@ from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dic
 from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches
 from pretrain.trainer.engine import Engine
 from pretrain.trainer.metrics import Metrics, config_summary
+from pretrain.trainer.tracking import open_trackers
 
 log = logging.getLogger("pretrain")
 
@@ -117,7 +118,8 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                         {"config": to_dict(config), "consumed_samples": iteration * gbs},
                         keep_last=config.checkpoint.keep_last)
 
-    metrics = Metrics(config, total_iters, start)
+    resolved = {**to_dict(config), "train_iters": total_iters, "train_tokens": config.train_tokens()}
+    metrics = Metrics(config, total_iters, open_trackers(config, rank, dist.get_world_size(), resolved), start)
     exit_code = 0
     window_start, window_steps = time.time(), 0
     skipped_in_row = 0

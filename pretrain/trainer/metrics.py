@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.console import Progress, format_duration
-from pretrain.trainer.tracking import open_trackers
+from pretrain.trainer.tracking import Trackers
 
 # Dense BF16 peak per device (TFLOP/s), for the MFU estimate.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -74,7 +74,7 @@ def peak_tflops(configured: float | None, bf16: bool = False) -> tuple[float, st
 
 def config_summary(config) -> str:
     """One line naming what the resolved config runs: name, size, method, seed, layers, precision."""
-    from pretrain.experiments.runs import method_name, size_name
+    from pretrain.naming import method_name, size_name
 
     model = config.model
     precision = "fp8" if model.fp8 else "bf16" if model.bf16 else "fp32"
@@ -107,11 +107,11 @@ class Metrics:
     """Console lines on rank 0 (with a redrawn progress line on a terminal), TensorBoard scalars on the
     last rank (which holds the loss, as in Megatron), and the run's status.json on rank 0."""
 
-    def __init__(self, config, total_iters: int, start: int = 0) -> None:
+    def __init__(self, config, total_iters: int, trackers: Trackers, start: int = 0) -> None:
         self.total_iters = total_iters
         self.run_dir = config.run_dir
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.trackers = open_trackers(config, self.rank, self.world)
+        self.trackers = trackers  # TensorBoard / W&B sinks of this rank; closed by close()
         self.peak, self.peak_source = peak_tflops(config.logging.peak_tflops, config.model.bf16)
         self.flops_per_token = config.model.flops_per_token()
         self.progress = Progress(total_iters, desc="train", start=start, enabled=self.rank == 0)

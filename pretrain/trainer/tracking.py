@@ -214,16 +214,13 @@ class Trackers:
             raise errors[0]
 
 
-def open_trackers(config, rank: int, world: int) -> Trackers:
-    """TensorBoard on the last rank, W&B on rank 0 when `logging.wandb` is enabled."""
-    from pretrain.trainer.config import to_dict
-
+def open_trackers(config, rank: int, world: int, resolved: dict) -> Trackers:
+    """TensorBoard on the last rank, W&B on rank 0 when `logging.wandb` is enabled (`resolved`: its run config)."""
     sinks: list[Sink] = []
     if rank == world - 1:
         sinks.append(TensorBoardSink(config.logging.tensorboard_dir or config.run_dir / "tensorboard"))
     wandb_settings = config.logging.wandb
     if rank == 0 and wandb_settings is not None and resolve_mode(wandb_settings.mode) != "disabled":
-        resolved = {**to_dict(config), "train_iters": config.train_iters(), "train_tokens": config.train_tokens()}
         sink = WandbSink(wandb_settings, config.run_dir, config.name, resolved)
         print(sink.describe(), flush=True)
         sinks.append(sink)

@@ -197,7 +197,7 @@ def test_disabled_mode_writes_nothing_of_wandb(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # disabled must not even import it
     config = _config("logging.wandb.mode=disabled", f"checkpoint.save={tmp_path}")
-    trackers = open_trackers(config, rank=0, world=1)
+    trackers = open_trackers(config, rank=0, world=1, resolved={})
     trackers.log(1, {"train/loss": 1.0})
     trackers.close()
     assert [type(s) for s in trackers.sinks] == [TensorBoardSink]
