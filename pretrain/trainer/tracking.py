@@ -147,14 +147,16 @@ class WandbSink:
             # logs own; silent: its banner lines would interleave with ours (describe() prints one line instead).
             return wandb.init(project=settings.project, entity=settings.entity, mode=mode, dir=str(self.run_dir),
                               id=self.state["id"], name=name, resume="allow", config=config,
-                              settings=wandb.Settings(console="off", silent=True, init_timeout=120))
+                              settings=wandb.Settings(console="off", silent=True))  # $WANDB_INIT_TIMEOUT: 90 s
 
         try:
             self.run = start(self.mode)
         except Exception as error:  # noqa: BLE001 - server unreachable, bad key, ...: keep the data locally
             if self.mode != "online":
                 raise
-            self.mode, self.note = "offline", f" (online start failed: {type(error).__name__}: {error})"[:300]
+            reason = " ".join(f"{type(error).__name__}: {error}".split())
+            self.mode, self.note = "offline", f" (online start failed: {reason[:250]})"
+            wandb.teardown()  # the failed start still holds the run id in wandb's service process
             self.run = start("offline")
         # Online, the server knows the resumed run's history (run.step is its next step); offline only run.json does.
         self.floor = max(self.state["last_step"], int(self.run.step or 0) - 1)

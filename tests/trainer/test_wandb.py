@@ -119,6 +119,17 @@ def test_two_stage_pipeline_logs_one_wandb_run_from_rank_0_with_the_last_stages_
     assert all("perf/tokens_per_s" in row for row in rows)
 
 
+@pytest.mark.slow
+def test_unreachable_server_falls_back_to_an_offline_run_and_says_so(tmp_path):
+    env, run_dir = _env(tmp_path), tmp_path / "run"
+    env.update(WANDB_API_KEY="0" * 40, WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="5")  # nothing listens
+    proc = _train(run_dir, env, "schedule.train_iters=3", "logging.wandb.mode=online")
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("W&B:"))
+    assert line.startswith("W&B: offline run") and "online start failed" in line, line
+    [records] = wandb_records(run_dir, env)
+    assert [row["_step"] for row in history(records)] == [1, 2, 3]
+
+
 def _wait_for_step(proc, step: int, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     for line in proc.stdout:
