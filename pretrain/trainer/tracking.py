@@ -11,7 +11,8 @@ run reads it back and calls `wandb.init(id=..., resume="allow")`, so the W&B run
 last one already logged are recomputed by the resumed trainer but not logged again (W&B history steps must
 increase, and a second row for a step would be a duplicate). `checkpoint.overwrite` clearing a damaged run
 removes run.json, so the new run gets a new W&B run. Offline runs land in `<run>/wandb/offline-run-*`
-(one directory per start): `wandb sync <run>/wandb/offline-run-*` uploads them to the one run.
+(one directory per start): `wandb sync <run>/wandb/offline-run-*` uploads them to the one run. An online
+start that fails (server unreachable, bad key) goes on offline, so no scalar is lost to a network problem.
 """
 
 from __future__ import annotations

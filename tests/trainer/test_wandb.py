@@ -43,7 +43,8 @@ def wandb_records(run_dir: Path, env: dict) -> list[list[dict]]:
     starts = []
     for directory in sorted((run_dir / "wandb").glob("offline-run-*")):
         out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(directory)],
-                             env={**env, "WANDB_MODE": "offline"}, capture_output=True, text=True, timeout=120, check=True).stdout
+                             env={**env, "WANDB_MODE": "offline"}, capture_output=True, text=True, timeout=120,
+                             check=True).stdout
         starts.append([json.loads(line) for line in out.splitlines() if line.strip()])
     return starts
 
