@@ -17,18 +17,26 @@ start that fails (server unreachable, bad key) goes on offline, so no scalar is 
 
 from __future__ import annotations
 
+# Reaches into a library's internals (checked against tensorboard 2.20):
+# - the class name of tensorboard's event writer thread (_AsyncWriterThread): its write error is
+#   handed to the main thread (reported as one line, see TensorBoardSink) and also re-raised in
+#   the thread, whose traceback threading.excepthook would print; only that duplicate is dropped.
+
 import hashlib
 import json
 import math
 import netrc
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Protocol
 
+from data_prep.errors import write_fault
+from pretrain.trainer.run_dir import WANDB_STATE, run_output
+
 WANDB_MIN_VERSION = (0, 17)
-WANDB_STATE = "run.json"  # under <run>/wandb/
 INSTALL_HINT = "pip install -e '.[wandb]' (or pip install 'wandb>=0.17')"
 
 
@@ -40,22 +48,47 @@ class Sink(Protocol):
     def close(self, failed: bool) -> None: ...
 
 
-class TensorBoardSink:
-    """TensorBoard event files in `log_dir`."""
+def _drop_writer_thread_tracebacks() -> None:
+    """Silence the TensorBoard writer thread's own traceback of a write fault (the main thread reports it)."""
+    previous = threading.excepthook
+    if getattr(previous, "drops_writer_faults", False):
+        return
 
-    def __init__(self, log_dir: str | Path) -> None:
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and write_fault(args.exc_value) is not None:
+            return
+        previous(args)
+
+    hook.drops_writer_faults = True
+    threading.excepthook = hook
+
+
+class TensorBoardSink:
+    """TensorBoard event files in `log_dir`; a write fault (full disk, ...) is one OutputError naming it."""
+
+    def __init__(self, run_dir: str | Path, log_dir: str | Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.run_dir, self.log_dir = run_dir, log_dir
+        _drop_writer_thread_tracebacks()
+        with self._guard():
+            self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def _guard(self):
+        return run_output(self.run_dir, self.log_dir, "TensorBoard events",
+                          elsewhere="pass --set logging.tensorboard_dir=<a directory on a larger disk>")
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Add each scalar at `step`."""
-        for name, value in values.items():
-            self.writer.add_scalar(name, value, step)
+        with self._guard():
+            for name, value in values.items():
+                self.writer.add_scalar(name, value, step)
+            self.writer.flush()  # a full disk shows at this step, not minutes later in a background thread
 
     def close(self, failed: bool) -> None:
         """Flush and close the event file."""
-        self.writer.close()
+        with self._guard():
+            self.writer.close()
 
 
 def _has_api_key() -> bool:
@@ -113,15 +146,10 @@ def check_wandb(settings) -> None:
 def read_wandb_state(run_dir: str | Path) -> dict | None:
     """The run directory's W&B identity {id, last_step}, or None before the first W&B start."""
     try:
-        state = json.loads((Path(run_dir) / "wandb" / WANDB_STATE).read_text())
+        state = json.loads((Path(run_dir) / WANDB_STATE).read_text())
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) and isinstance(state.get("id"), str) else None
-
-
-def forget_wandb_run(run_dir: str | Path) -> None:
-    """Make the next start in `run_dir` a new W&B run (the old run's offline files stay for `wandb sync`)."""
-    (Path(run_dir) / "wandb" / WANDB_STATE).unlink(missing_ok=True)
 
 
 def _new_run_id(name: str, run_dir: Path) -> str:
@@ -137,8 +165,9 @@ class WandbSink:
         import wandb
 
         self.run_dir = Path(run_dir)
-        self.state_path = self.run_dir / "wandb" / WANDB_STATE
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        self.state_path = self.run_dir / WANDB_STATE
+        with self._guard():
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
         state = read_wandb_state(self.run_dir) or {"id": _new_run_id(name, self.run_dir), "last_step": 0}
         self.state = {"id": state["id"], "last_step": int(state.get("last_step", 0))}
         self.mode, self.note = resolve_mode(settings.mode), ""
@@ -151,14 +180,16 @@ class WandbSink:
                               settings=wandb.Settings(console="off", silent=True))  # $WANDB_INIT_TIMEOUT: 90 s
 
         try:
-            self.run = start(self.mode)
+            with self._guard():
+                self.run = start(self.mode)
         except Exception as error:  # noqa: BLE001 - server unreachable, bad key, ...: keep the data locally
             if self.mode != "online":
                 raise
             reason = " ".join(f"{type(error).__name__}: {error}".split())
             self.mode, self.note = "offline", f" (online start failed: {reason[:250]})"
             wandb.teardown()  # the failed start still holds the run id in wandb's service process
-            self.run = start("offline")
+            with self._guard():
+                self.run = start("offline")
         # Online, the server knows the resumed run's history (run.step is its next step); offline only run.json does.
         self.floor = max(self.state["last_step"], int(self.run.step or 0) - 1)
         self._write_state()
@@ -174,19 +205,26 @@ class WandbSink:
         """Log at `step` unless an earlier start of this run already logged it."""
         if step <= self.floor:
             return
-        self.run.log(values, step=step)
+        with self._guard():
+            self.run.log(values, step=step)
         if step > self.state["last_step"]:
             self.state["last_step"] = step
             self._write_state()
 
+    def _guard(self):
+        """Write faults in our process (wandb's own files, run.json) become one OutputError naming the fix."""
+        return run_output(self.run_dir, self.state_path.parent, "W&B files")
+
     def _write_state(self) -> None:
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state))
-        os.replace(tmp, self.state_path)
+        with self._guard():
+            tmp.write_text(json.dumps(self.state))
+            os.replace(tmp, self.state_path)
 
     def close(self, failed: bool) -> None:
         """Finish the run (marked failed in W&B when the trainer is stopping on an exception)."""
-        self.run.finish(exit_code=1 if failed else 0)
+        with self._guard():
+            self.run.finish(exit_code=1 if failed else 0)
 
 
 class Trackers:
@@ -221,7 +259,7 @@ def open_trackers(config, rank: int, world: int, resolved: dict) -> Trackers:
     """TensorBoard on the last rank, W&B on rank 0 when `logging.wandb` is enabled (`resolved`: its run config)."""
     sinks: list[Sink] = []
     if rank == world - 1:
-        sinks.append(TensorBoardSink(config.logging.tensorboard_dir or config.run_dir / "tensorboard"))
+        sinks.append(TensorBoardSink(config.run_dir, config.logging.tensorboard_dir or config.run_dir / "tensorboard"))
     wandb_settings = config.logging.wandb
     if rank == 0 and wandb_settings is not None and resolve_mode(wandb_settings.mode) != "disabled":
         sink = WandbSink(wandb_settings, config.run_dir, config.name, resolved)
