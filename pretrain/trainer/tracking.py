@@ -22,8 +22,10 @@ from __future__ import annotations
 #   handed to the main thread (reported as one line, see TensorBoardSink) and also re-raised in
 #   the thread, whose traceback threading.excepthook would print; only that duplicate is dropped.
 
+import contextlib
 import hashlib
 import json
+import logging
 import math
 import netrc
 import os
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from data_prep.errors import write_fault
+from data_prep.errors import OutputError, write_fault
 from pretrain.trainer.run_dir import WANDB_STATE, run_output
 
 WANDB_MIN_VERSION = (0, 17)
@@ -152,6 +154,17 @@ def read_wandb_state(run_dir: str | Path) -> dict | None:
     return state if isinstance(state, dict) and isinstance(state.get("id"), str) else None
 
 
+def _close_wandb_log_files() -> None:
+    """After a write fault, stop wandb's debug.log handlers: each of its later log lines would otherwise print
+    a "--- Logging error ---" traceback on stderr (the fault itself is reported once, as an OutputError)."""
+    logger = logging.getLogger("wandb")
+    for handler in list(logger.handlers):
+        if isinstance(handler, logging.FileHandler):
+            logger.removeHandler(handler)
+            with contextlib.suppress(OSError):
+                handler.close()
+
+
 def _new_run_id(name: str, run_dir: Path) -> str:
     """W&B ids allow letters, digits, '-' and '_': the run name plus a hash of directory and start time."""
     digest = hashlib.sha256(f"{run_dir.resolve()}|{time.time_ns()}".encode()).hexdigest()[:10]
@@ -170,6 +183,7 @@ class WandbSink:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
         state = read_wandb_state(self.run_dir) or {"id": _new_run_id(name, self.run_dir), "last_step": 0}
         self.state = {"id": state["id"], "last_step": int(state.get("last_step", 0))}
+        self._write_state()  # a full or read-only disk shows here, in one line, before wandb starts writing
         self.mode, self.note = resolve_mode(settings.mode), ""
 
         def start(mode: str):
@@ -211,15 +225,25 @@ class WandbSink:
             self.state["last_step"] = step
             self._write_state()
 
+    @contextlib.contextmanager
     def _guard(self):
         """Write faults in our process (wandb's own files, run.json) become one OutputError naming the fix."""
-        return run_output(self.run_dir, self.state_path.parent, "W&B files")
+        try:
+            with run_output(self.run_dir, self.state_path.parent, "W&B files"):
+                yield
+        except OutputError:
+            _close_wandb_log_files()
+            raise
 
     def _write_state(self) -> None:
         tmp = self.state_path.with_suffix(".tmp")
-        with self._guard():
-            tmp.write_text(json.dumps(self.state))
-            os.replace(tmp, self.state_path)
+        try:
+            with self._guard():
+                tmp.write_text(json.dumps(self.state))
+                os.replace(tmp, self.state_path)
+        finally:
+            with contextlib.suppress(OSError):  # nothing half-written stays behind
+                tmp.unlink(missing_ok=True)
 
     def close(self, failed: bool) -> None:
         """Finish the run (marked failed in W&B when the trainer is stopping on an exception)."""

@@ -170,6 +170,31 @@ def test_kill_and_resume_continue_one_wandb_run_without_duplicate_steps(tmp_path
         assert row["train/loss"] == pytest.approx(expected[row["_step"]], rel=1e-6)
 
 
+def _one_error_line(proc) -> str:
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-4000:]
+    return errors[0]
+
+
+@pytest.mark.slow  # a training subprocess up to its first W&B write
+@pytest.mark.parametrize("fault", ["read_only", "full"])
+def test_wandb_directory_on_a_read_only_or_full_disk_is_one_line_exit_2(small_disk, tmp_path, fault):
+    disk = small_disk("1m")
+    disk.read_only() if fault == "read_only" else disk.fill(leave=0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "wandb").symlink_to(disk.path)  # only the W&B files land on the bad disk
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--set", *TINY, f"checkpoint.save={run_dir}",
+                           "schedule.train_iters=3"], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+    line = _one_error_line(proc)
+    assert "W&B files" in line and ("Read-only file system" in line or "No space left on device" in line), line
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
+    assert not list(disk.path.glob("*.tmp")), "a half-written run.json stayed behind"
+
+
 # --- configuration (fast, no training) ---
 
 def _config(*overrides: str):
