@@ -17,10 +17,12 @@ start that fails (server unreachable, bad key) goes on offline, so no scalar is 
 
 from __future__ import annotations
 
-# Reaches into a library's internals (checked against tensorboard 2.20):
+# Reaches into a library's internals (checked against tensorboard 2.20 and wandb 0.31):
 # - the class name of tensorboard's event writer thread (_AsyncWriterThread): its write error is
 #   handed to the main thread (reported as one line, see TensorBoardSink) and also re-raised in
 #   the thread, whose traceback threading.excepthook would print; only that duplicate is dropped.
+# - wandb's debug.log handlers on the "wandb" logger (wandb.sdk.lib.wb_logging.add_file_handler): after a
+#   write fault they are closed, or every later wandb log line prints a "--- Logging error ---" traceback.
 
 import contextlib
 import hashlib
@@ -196,6 +198,8 @@ class WandbSink:
         try:
             with self._guard():
                 self.run = start(self.mode)
+        except OutputError:
+            raise
         except Exception as error:  # noqa: BLE001 - server unreachable, bad key, ...: keep the data locally
             if self.mode != "online":
                 raise
@@ -206,7 +210,6 @@ class WandbSink:
                 self.run = start("offline")
         # Online, the server knows the resumed run's history (run.step is its next step); offline only run.json does.
         self.floor = max(self.state["last_step"], int(self.run.step or 0) - 1)
-        self._write_state()
 
     def describe(self) -> str:
         """One console line: where the run's W&B data goes."""
