@@ -1,4 +1,4 @@
-"""`python -m pretrain eval run|all|report ...` and the `evaluate` API behind it."""
+"""`python -m pretrain eval run|all|report|downstream ...` and the `evaluate` API behind it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from megatron_ext.positions import ROPE_SCALING_KINDS
 
-from . import metrics, passkey as retrieval, report
+from . import downstream, metrics, passkey as retrieval, report
 from .data import TokenStream, eval_spans, load_stream
 from .scorers import BACKENDS, Scorer, load_scorer
 
@@ -137,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--baseline", help="method or label of the baseline; every size is compared with its own "
                      "(default: 'baseline' when such runs exist)")
     rep.add_argument("--length", type=int, help="L_eval for the loss-curve and cliff-vs-size plots (default: largest)")
+    downstream.add_parser(sub)
     return parser
 
 
@@ -239,7 +240,7 @@ def _report(args) -> int:
 def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
     argv = list(argv)
-    if argv and argv[0] not in ("run", "all", "report", "-h", "--help"):
+    if argv and argv[0] not in ("run", "all", "report", "downstream", "-h", "--help"):
         argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -253,6 +254,8 @@ def eval_cli(argv: list[str]) -> int:
                                    gain_method=args.gain_method, max_batch_tokens=args.max_batch_tokens,
                                    progress=not args.no_progress)
             return 1 if outcome["failed"] else 0
+        if args.command == "downstream":
+            return downstream.run_cli(args)
         return _run(args) if args.command == "run" else _report(args)
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
