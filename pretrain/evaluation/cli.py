@@ -130,6 +130,11 @@ def _parser() -> argparse.ArgumentParser:
     every.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     every.add_argument("--out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
     every.add_argument("--no-progress", action="store_true", help="no progress lines")
+    every.add_argument("--downstream", type=downstream.parse_tasks,
+                       help="also lm-eval tasks for every finished run, e.g. hellaswag,arc_easy (see eval downstream)")
+    every.add_argument("--num-fewshot", type=int, help="--downstream: few-shot examples (default: the task's)")
+    every.add_argument("--limit", type=float, help="--downstream: examples per task (testing only)")
+    every.add_argument("--include-path", help="--downstream: directory of your own lm-eval task YAML files")
 
     rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
     rep.add_argument("records", nargs="+", help="record JSON files or directories of them")
@@ -232,6 +237,12 @@ def _report(args) -> int:
         report.plot_context_gain(records, out / "context_gain.png")
     report.plot_cliff_vs_size(records, out / "cliff_vs_size.png", length=args.length)
     print(table, end="")
+    if any(r.get("downstream") for r in records):
+        from .downstream_report import downstream_table
+
+        scores = downstream_table(records, baseline)
+        (out / "summary.md").write_text((out / "summary.md").read_text() + "\n" + scores)
+        print(scores, end="")
     print(f"wrote {out}/summary.csv, summary.md (all metrics) and plots"
           + (f"; each size compared with its own {baseline!r}" if baseline else ""))
     return 0
@@ -252,7 +263,10 @@ def eval_cli(argv: list[str]) -> int:
                                    out=args.out, backend=args.backend, device=args.device,
                                    context_gain=args.context_gain, gain_window=args.gain_window,
                                    gain_method=args.gain_method, max_batch_tokens=args.max_batch_tokens,
-                                   progress=not args.no_progress)
+                                   progress=not args.no_progress,
+                                   downstream=None if not args.downstream else dict(
+                                       tasks=args.downstream, num_fewshot=args.num_fewshot, limit=args.limit,
+                                       include_path=args.include_path))
             return 1 if outcome["failed"] else 0
         if args.command == "downstream":
             return downstream.run_cli(args)

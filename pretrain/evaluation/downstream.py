@@ -64,15 +64,18 @@ def task_manager(include_path: str | None = None):
 
 def check_tasks(manager, tasks: list[str]) -> None:
     """Every task known to lm-eval and its dataset loadable; else ValueError naming the task and the fix."""
-    from lm_eval.tasks import get_task_dict
-
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}: check the spelling (`lm_eval ls tasks` "
                          "lists them), or pass --include-path DIR with the task's YAML file")
     for task in tasks:
         try:
-            get_task_dict([task], manager)
+            if hasattr(manager, "load"):  # lm-eval >= 0.4.10; get_task_dict is deprecated there
+                manager.load([task])
+            else:
+                from lm_eval.tasks import get_task_dict
+
+                get_task_dict([task], manager)
         except Exception as error:  # noqa: BLE001 - datasets/hub raise many types; all mean "no data"
             reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
             raise ValueError(

@@ -118,8 +118,9 @@ def test_rolling_perplexity_equals_our_scorers_word_perplexity(run, export, task
     total, words = 0.0, 0
     for doc in PPL_DOCS:
         ids = tokenizer(doc["text"], add_special_tokens=False)["input_ids"]
-        assert len(ids) < 32  # one window of the tiny model: the harness's first token is predicted from EOT
-        total += _our_logprob(scorer, [tokenizer.eos_token_id, *ids], 1)
+        assert len(ids) < 32  # one window of the tiny model
+        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        total += _our_logprob(scorer, [prefix, *ids], 1)  # the harness predicts the first token from BOS
         words += len(re.split(r"\s+", doc["text"]))
     expected = float(torch.tensor(-total / words).exp())
     assert results["results"][PPL_TASK]["word_perplexity,none"] == pytest.approx(expected, rel=1e-4)
