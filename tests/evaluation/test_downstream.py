@@ -124,3 +124,49 @@ def test_rolling_perplexity_equals_our_scorers_word_perplexity(run, export, task
         words += len(re.split(r"\s+", doc["text"]))
     expected = float(torch.tensor(-total / words).exp())
     assert results["results"][PPL_TASK]["word_perplexity,none"] == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("dataset_path,data_files", [("json", "/nonexistent/dir/mc.jsonl"),
+                                                     ("no-such-org/no-such-dataset", None)])
+def test_a_dataset_that_cannot_be_had_is_one_line_naming_the_task_and_exit_2(run, env, tmp_path, capsys,
+                                                                               dataset_path, data_files):
+    include = write_broken_task(tmp_path / "tasks", "broken_task", dataset_path, data_files)
+    assert eval_cli(["downstream", str(run), "--tasks", "broken_task", "--include-path", str(include),
+                     "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: task broken_task: its dataset could not be loaded") and err.count("\n") == 1
+    assert "--include-path" in err and not (tmp_path / "out").exists()
+
+
+def test_an_unknown_task_is_one_line_and_exit_2(run, tasks, capsys):
+    assert eval_cli(["downstream", str(run), "--tasks", f"{MC_TASK},hellaswagg", "--include-path", str(tasks)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown lm-eval task(s) hellaswagg" in err and err.count("\n") == 1
+
+
+def test_without_lm_eval_the_command_names_the_extra_to_install(run, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if not installed
+    assert eval_cli(["downstream", str(run), "--tasks", MC_TASK]) == 2
+    assert "pip install 'posaug-megatron[eval]'" in capsys.readouterr().err
+
+
+def test_rope_scaling_on_an_hf_directory_writes_the_exports_config_fields(run, export, tmp_path):
+    from pretrain.hf.export import export_checkpoint
+
+    with hf_model_dir(export, rope_scaling="yarn", factor=4.0) as (scaled, _):
+        fields = json.loads((scaled / "config.json").read_text())
+        assert (scaled / "model.safetensors").resolve() == (export / "model.safetensors").resolve()
+    assert not scaled.exists()  # the temporary copy is gone, the export untouched
+    expected = json.loads((export_checkpoint(run, tmp_path / "yarn", rope_scaling="yarn", factor=4.0)
+                           / "config.json").read_text())
+    for key in ("rope_scaling", "rope_parameters", "rope_theta", "max_position_embeddings"):
+        assert fields[key] == expected[key], key
+    assert json.loads((export / "config.json").read_text())["rope_scaling"] is None
+
+
+def test_rope_scaling_on_a_checkpoint_defaults_its_factor_to_context_length_over_window(run):
+    with hf_model_dir(run, rope_scaling="pi", context_length=128) as (model_dir, info):
+        assert info["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}  # 128 / w=32
+    with pytest.raises(ValueError, match="needs --factor F or --context-length"):
+        with hf_model_dir(run, rope_scaling="pi"):
+            pass
