@@ -54,7 +54,7 @@ def _stock_lm_eval(model_dir, task, tasks_dir, **kwargs):
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(model_dir), "dtype": "float32"},
-                                   tasks=[task], device="cpu", batch_size=4,
+                                   tasks=[task], device="cpu", batch_size=8,  # our default
                                    task_manager=TaskManager(include_path=str(tasks_dir)), **kwargs)
 
 
@@ -170,3 +170,17 @@ def test_rope_scaling_on_a_checkpoint_defaults_its_factor_to_context_length_over
     with pytest.raises(ValueError, match="needs --factor F or --context-length"):
         with hf_model_dir(run, rope_scaling="pi"):
             pass
+
+
+def test_an_hf_directory_with_rope_scaling_scores_like_the_export_made_with_it(run, export, tasks, tmp_path):
+    from pretrain.hf.export import export_checkpoint
+
+    def loglikelihoods(results):
+        return [[resp[0][0] for resp in s["resps"]] for s in results["samples"][MC_TASK]]
+
+    scaled, _ = evaluate_downstream(export, [MC_TASK], rope_scaling="yarn", factor=4.0, include_path=str(tasks),
+                                    log_samples=True, out=tmp_path / "out")
+    yarn_export = export_checkpoint(run, tmp_path / "yarn", rope_scaling="yarn", factor=4.0)
+    assert loglikelihoods(scaled) == loglikelihoods(_stock_lm_eval(yarn_export, MC_TASK, tasks, log_samples=True))
+    plain, _ = evaluate_downstream(export, [MC_TASK], include_path=str(tasks), log_samples=True, out=tmp_path / "out")
+    assert loglikelihoods(plain) != loglikelihoods(scaled)
