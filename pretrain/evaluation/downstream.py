@@ -15,18 +15,16 @@ lm-eval is imported only inside these functions: it is an optional extra and slo
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import json
-import logging
 import os
 import re
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
-
-log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'posaug-megatron[eval]'"
 RESULTS_DIR = "downstream"  # under the run (or HF) directory: lm-eval's results JSON files
@@ -48,7 +46,7 @@ def parse_tasks(text: str) -> list[str]:
     """Comma-separated lm-eval task names -> list (order kept, duplicates dropped)."""
     tasks = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     if not tasks:
-        raise ValueError("--tasks is empty: name lm-eval tasks, e.g. --tasks hellaswag,arc_easy")
+        raise argparse.ArgumentTypeError("--tasks is empty: name lm-eval tasks, e.g. --tasks hellaswag,arc_easy")
     return tasks
 
 
@@ -255,6 +253,12 @@ def task_scores(results: dict) -> dict[str, dict]:
     return scores
 
 
+def _batch_size(text: str) -> int | str:
+    if text == "auto" or (text.isdigit() and int(text) > 0):
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
+
+
 def add_parser(sub) -> None:
     """The `eval downstream` subcommand's arguments."""
     import torch
@@ -278,19 +282,18 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer", help="tokenizer of a Megatron checkpoint (default: its data manifest's)")
     p.add_argument("--train-window", type=int,
                    help="HF directories with --rope-scaling: the training window (default: max_position_embeddings)")
-    p.add_argument("--batch-size", default="8", help="lm-eval batch size, or 'auto' (default 8)")
+    p.add_argument("--batch-size", type=_batch_size, default=8, help="lm-eval batch size, or 'auto' (default 8)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")
 
 
 def run_cli(args) -> int:
     """`eval downstream`: evaluate, write lm-eval's results JSON, end with lm-eval's own table."""
-    batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     results, path = evaluate_downstream(
         args.model, args.tasks, num_fewshot=args.num_fewshot, limit=limit, context_length=args.context_length,
         rope_scaling=args.rope_scaling, factor=args.factor, include_path=args.include_path,
-        tokenizer=args.tokenizer, train_window=args.train_window, batch_size=batch, device=args.device,
+        tokenizer=args.tokenizer, train_window=args.train_window, batch_size=args.batch_size, device=args.device,
         out=args.out)
     print(f"wrote {path}")
     print(results_table(results), end="")

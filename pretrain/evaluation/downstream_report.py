@@ -129,11 +129,10 @@ def downstream_table(records: list[dict], baseline: str | None = None) -> str:
     tasks = sorted(columns)
     stats = {key: {t: _mean_se([r[KEY][t] for r in runs if t in r[KEY]], columns[t]) for t in tasks}
              for key, runs in groups.items()}
-    is_base = {key: baseline is not None and baseline in (key[1], record_method(runs[0])) for key, runs in groups.items()}
+    is_base = {key: baseline is not None and baseline in (key[1], record_method(runs[0]))
+               for key, runs in groups.items()}
     base = {key[0]: stats[key] for key in groups if is_base[key]}
-    size_order = {}
-    for (size, _), runs in groups.items():
-        size_order[size] = runs[0].get("parameters") or 0
+    size_order = {size: runs[0].get("parameters") or 0 for (size, _), runs in groups.items()}
     header = "| size | method | n | " + " | ".join(f"{t} {columns[t]} | Δ {t}" for t in tasks) + " |"
     lines = [header, "|---|---|---|" + "---|---|" * len(tasks)]
     for key in sorted(groups, key=lambda k: (size_order[k[0]], k[0], not is_base[k], k[1])):

@@ -33,7 +33,8 @@ def write_tasks(root: Path) -> Path:
           "doc_to_target": "{{label}}", "doc_to_choice": "{{endings}}",
           "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")],
           "metadata": {"version": 1.0}}
-    ppl = {"task": PPL_TASK, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(root / "ppl.jsonl")}},
+    ppl = {"task": PPL_TASK, "dataset_path": "json",
+           "dataset_kwargs": {"data_files": {"test": str(root / "ppl.jsonl")}},
            "test_split": "test", "output_type": "loglikelihood_rolling", "doc_to_text": "",
            "doc_to_target": "{{text}}",
            "metric_list": [{"metric": m, "aggregation": agg, "higher_is_better": False}
