@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import re
@@ -50,14 +51,27 @@ def parse_tasks(text: str) -> list[str]:
     return tasks
 
 
-def task_manager(include_path: str | None = None):
-    """lm-eval's TaskManager with the user's task YAML directory (checked to exist)."""
-    import_lm_eval()
-    from lm_eval.tasks import TaskManager
+def task_manager(include_path: str | None = None, tasks: list[str] | None = None):
+    """lm-eval's TaskManager with the user's task YAML directory (checked to exist).
 
+    Indexing lm-eval's own few thousand task files takes most of a small run, so when every
+    requested task is in `include_path` only that directory is indexed.
+    """
+    import_lm_eval()
     if include_path is not None and not Path(include_path).exists():
         raise FileNotFoundError(f"--include-path {include_path}: no such directory of task YAML files")
-    return TaskManager(include_path=str(include_path) if include_path else None)
+    if include_path is not None and tasks:
+        own = _cached_manager(str(Path(include_path).resolve()), False)
+        if all(t in own.all_tasks for t in tasks):
+            return own
+    return _cached_manager(str(Path(include_path).resolve()) if include_path else None, True)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_manager(include_path: str | None, include_defaults: bool):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path, include_defaults=include_defaults)
 
 
 def check_tasks(manager, tasks: list[str]) -> None:
@@ -202,7 +216,7 @@ def evaluate_downstream(source: str | Path, tasks: list[str], *, num_fewshot: in
     from lm_eval.models.huggingface import HFLM
     from lm_eval.utils import handle_non_serializable
 
-    manager = task_manager(include_path)
+    manager = task_manager(include_path, tasks)
     check_tasks(manager, tasks)
     out_dir = Path(out) if out is not None else default_out(source)
     with hf_model_dir(source, tokenizer=tokenizer, rope_scaling=rope_scaling, factor=factor,

@@ -55,7 +55,8 @@ def _stock_lm_eval(model_dir, task, tasks_dir, **kwargs):
 
     return lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(model_dir), "dtype": "float32"},
                                    tasks=[task], device="cpu", batch_size=8,  # our default
-                                   task_manager=TaskManager(include_path=str(tasks_dir)), **kwargs)
+                                   task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
+                                   **kwargs)
 
 
 def test_checkpoint_and_its_hf_export_give_identical_acc_and_acc_norm(run, export, tasks, tmp_path, capsys):
