@@ -210,7 +210,8 @@ def eval_cli(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        out = args.out or (Path(args.directory) / "eval_records" if Path(args.directory).is_dir() else None)
+        directory = getattr(args, "directory", None)  # `eval downstream` has none: its default is the run's
+        out = args.out or (Path(directory) / "eval_records" if directory and Path(directory).is_dir() else None)
         if args.command != "report" and out is not None:  # before hours of evaluation, not after
             check_writable(out, what="evaluation output directory", elsewhere="pass an --out on a larger disk",
                            then="rerun the same command")

@@ -216,6 +216,8 @@ def evaluate_downstream(source: str | Path, tasks: list[str], *, num_fewshot: in
     from lm_eval.models.huggingface import HFLM
     from lm_eval.utils import handle_non_serializable
 
+    from data_prep.errors import write_text_atomic
+
     manager = task_manager(include_path, tasks)
     check_tasks(manager, tasks)
     out_dir = Path(out) if out is not None else default_out(source)
@@ -231,10 +233,8 @@ def evaluate_downstream(source: str | Path, tasks: list[str], *, num_fewshot: in
                                requested_rope_scaling=rope_scaling, factor=factor,
                                created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     path = results_path(out_dir, tasks, num_fewshot, limit, context_length, rope_scaling, factor)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False),
+                      what="lm-eval results", elsewhere="pass an --out on a larger disk", then="rerun the same command")
     if samples is not None:
         results["samples"] = samples
     return results, path
