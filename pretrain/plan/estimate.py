@@ -136,8 +136,14 @@ def build_plan(config, layout: Layout, gpu_name: str, mfu: float | None = None,
         acts = flight * per_micro
         logits = activations.logits_bytes(layer, model.padded_vocab_size(layout.tp)) if stage == layout.pp - 1 else 0.0
         # Local linears (no gradient-accumulation fusion) build each weight gradient in the weight's dtype
-        # before adding it into the fp32 main_grad buffer; TE on a GPU accumulates into main_grad directly.
-        temporaries = max(n * size for _, n, size in held.tensors) if local else 0.0
+        # before DDP adds it into the fp32 main_grad buffer; the tied embedding's gradient from the output
+        # layer waits there until the embedding's own backward, i.e. through the whole backward pass. By
+        # then the fp32 softmax (the logits' gradient) is freed, so the peak grows only by the difference
+        # (measured on CPU: pretrain/plan/measure.py). TE on a GPU accumulates into main_grad directly.
+        released = 4 * seq * layout.micro_batch * model.padded_vocab_size(layout.tp) / layout.tp \
+            if stage == layout.pp - 1 else 0.0
+        largest = max(n * size for _, n, size in held.tensors)
+        temporaries = max(0.0, largest - released) if local else 0.0
         stages.append(StagePlan(stage=stage, params=held.numel, weights=state.weights, grads=state.grads,
                                 optimizer=state.optimizer, activations=acts, in_flight=flight, logits=logits,
                                 backward_temporaries=temporaries,
