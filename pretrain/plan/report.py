@@ -66,7 +66,8 @@ def render(plan: Plan) -> str:
     rows.append("  " + "-" * (21 + 15 * len(plan.stages)))
     rows.append(f"  {'peak':<21}" + "".join(f"{gib(s.peak):>15}" for s in plan.stages))
     verdict = "fits" if plan.fits else "DOES NOT FIT"
-    rows.append(f"  GPU memory {gib(plan.gpu_memory).strip()}, headroom {gib(plan.headroom).strip()} "
+    rows.append(f"  GPU memory {plan.gpu_memory / 1e9:g} GB = {gib(plan.gpu_memory).strip()} (datasheet), "
+                f"headroom {gib(plan.headroom).strip()} "
                 f"(stage {worst.stage}): {verdict}")
     flights = ", ".join(f"stage {s.stage}: {s.in_flight:g}" for s in plan.stages)
     rows.append(f"  activations: {flights} micro-batch(es) in flight (1F1B)")
