@@ -13,19 +13,17 @@ import os
 import time
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
+from data_prep.config import BuildConfig
 from data_prep.errors import DataError, naming_output
 from data_prep.manifest import read_json, write_json_atomic
 from data_prep.readers import iter_unit
 from data_prep.units import Unit
 from data_prep.tokenizers import Tokenizer
 from data_prep.writer import token_dtype
-
-if TYPE_CHECKING:  # the pipeline imports this module
-    from data_prep.pipeline import BuildConfig
 
 SKIP_LOG_LIMIT = 50  # skip messages kept per unit (all skips are counted)
 
@@ -35,7 +33,7 @@ class WorkerContext:
     """What every tokenising (and assembling) worker needs; set once per process by `init_worker`."""
 
     tokenizer: Tokenizer
-    config: "BuildConfig"
+    config: BuildConfig
     work_dir: str
     fingerprint: str
 
@@ -136,7 +134,8 @@ def tokenize_unit(task: tuple[int, Unit]) -> dict:
     docs_read = 0
     started = time.time()
 
-    with naming_output(paths["tok"]), open(paths["tok"] + ".partial", "wb") as out:
+    with naming_output(paths["tok"], partial=(paths["tok"] + ".partial",)), \
+            open(paths["tok"] + ".partial", "wb") as out:
         encoder = _UnitTokenizer(context, out)
         for record in iter_unit(unit):
             docs_read += 1
@@ -158,7 +157,8 @@ def tokenize_unit(task: tuple[int, Unit]) -> dict:
     if len(set(encoder.keys)) != len(encoder.keys):  # keys name the document's place in the corpus
         raise DataError(f"{unit.name}: duplicate document keys (same file given twice?); fix: pass each input once")
     scores, shards = document_hashes(config.seed, encoder.keys, config.num_shards)
-    with naming_output(paths["meta"]), open(paths["meta"] + ".partial", "wb") as fh:
+    with naming_output(paths["meta"], partial=(paths["tok"] + ".partial", paths["meta"] + ".partial")), \
+            open(paths["meta"] + ".partial", "wb") as fh:
         np.savez(fh, lengths=np.asarray(encoder.lengths, dtype=np.int64), scores=scores, shards=shards)
     os.replace(paths["tok"] + ".partial", paths["tok"])
     os.replace(paths["meta"] + ".partial", paths["meta"])

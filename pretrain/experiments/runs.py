@@ -14,8 +14,8 @@ the trainer's `status.json` and its newest complete checkpoint:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass
@@ -24,44 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.experiments.table import METHODS, SIZES
+from pretrain.naming import method_name, size_name
 
-ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups")
 STALE_AFTER_S = 1800.0  # a "running" run on another host with no heartbeat for this long is reported failed
-
-
-def _fields(section) -> dict:
-    if dataclasses.is_dataclass(section):
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(section).items()}
-    return dict(section)
-
-
-def size_name(model) -> str:
-    """The table.SIZES name of a model (ModelConfig or its dict), else its non-embedding size, e.g. '3.2M'."""
-    fields = _fields(model)
-    if fields.get("num_query_groups") is None:
-        fields["num_query_groups"] = fields.get("num_attention_heads")
-    for name, size in SIZES.items():
-        arch = dict(size.architecture)
-        arch.setdefault("num_query_groups", arch.get("num_attention_heads"))
-        if all(arch.get(k) == fields.get(k) for k in ARCHITECTURE_KEYS):
-            return name
-    from megatron_ext.model import ModelConfig
-
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    params = ModelConfig(**{k: v for k, v in fields.items() if k in known}).non_embedding_parameters()
-    return f"{params / 1e6:.3g}M"
-
-
-def method_name(positions, window: int) -> str:
-    """The table.METHODS row whose resolved positions equal the run's, else the strategy name."""
-    from megatron_ext.positions import PositionConfig
-
-    fields = _fields(positions)
-    for name, method in METHODS.items():
-        if _fields(PositionConfig(**method.position_fields(window))) == fields:
-            return name
-    return str(fields.get("strategy", "?"))
 
 
 @dataclass
@@ -124,11 +89,30 @@ def _state(status: dict | None, iteration: int, train_iters: int | None, stale_a
     return "failed", f"no heartbeat from {status.get('host')} for {(age or 0) / 3600:.1f} h"
 
 
+def _without_status(problem: str, run_dir: Path, iteration: int, train_iters: int | None) -> tuple[str, str]:
+    """State of a run whose status.json is damaged: from its checkpoints and its run lock, saying so."""
+    from pretrain.trainer.metrics import STATUS_FILE
+
+    basis = f"{STATUS_FILE} is damaged ({problem}); state inferred from the checkpoints (newest complete: " \
+            f"iteration {iteration} of {train_iters if train_iters is not None else '?'})"
+    if train_iters is not None and iteration >= train_iters:
+        return "finished", basis
+    try:  # the trainer's lock file: "PID <pid> on <host> since <time>"
+        pid, host = re.match(r"PID (\d+) on (\S+)", (run_dir / ".lock").read_text()).groups()
+    except (OSError, AttributeError):
+        return "failed", f"{basis} and the run lock (none): not finished, not running"
+    if host == socket.gethostname() and _process_alive(int(pid)):
+        return "running", f"{basis} and the run lock (pid {pid} alive)"
+    if host != socket.gethostname():
+        return "failed", f"{basis}: not finished; cannot tell whether pid {pid} on {host} still runs"
+    return "failed", f"{basis} and the run lock (pid {pid} gone): not finished, not running"
+
+
 def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = STALE_AFTER_S) -> Run:
     """Size, method, seed, iteration and state of one run directory."""
     from pretrain.trainer import config as config_module
     from pretrain.trainer.checkpoint import latest_iteration
-    from pretrain.trainer.metrics import read_status
+    from pretrain.trainer.metrics import read_status, status_problem
 
     name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
     iteration = latest_iteration(run_dir) or 0
@@ -138,7 +122,11 @@ def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = 
     except (ValueError, TypeError, yaml.YAMLError) as error:
         return Run(run_dir, name, "?", "?", None, iteration, None, "failed", f"config.yaml unreadable: {error}")
     train_iters = config.train_iters()
-    state, detail = _state(status, iteration, train_iters, stale_after_s)
+    problem = status_problem(run_dir)
+    if problem:
+        state, detail = _without_status(problem, run_dir, iteration, train_iters)
+    else:
+        state, detail = _state(status, iteration, train_iters, stale_after_s)
     return Run(run_dir, name, size_name(config.model), method_name(config.positions, config.model.seq_length),
                config.seed, iteration, train_iters, state, detail, config)
 

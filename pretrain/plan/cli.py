@@ -78,7 +78,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def _default_gpus(config) -> tuple[int, int]:
     """(nodes, GPUs per node) of the size's launcher, or one GPU for a model outside the table."""
-    from pretrain.experiments.table import SIZES
+    from pretrain.table import SIZES
 
     size = SIZES.get(config.preset or "")
     if size is not None and size.slurm is not None:

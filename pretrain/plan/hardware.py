@@ -3,7 +3,7 @@
 Memory is the datasheet capacity in GB (10^9 bytes), which is below what the driver reports
 (e.g. an H100 80GB reports 79.2 GiB = 85.0e9 bytes): the plan errs on the side of not fitting.
 Peaks are dense (no sparsity) tensor-core TFLOP/s from NVIDIA's datasheets; BF16 peaks equal
-pretrain/trainer/metrics.py's PEAK_TFLOPS for the same family (a test keeps them equal).
+pretrain/trainer/peak.py's PEAK_TFLOPS for the same family (a test keeps them equal).
 
 Default MFU, published for Megatron-Core / Megatron-LM:
 - Hopper (H100, H200): 47 %. Megatron-LM README, "Training speed and scalability": Megatron-Core
@@ -36,7 +36,7 @@ class Gpu:
     fp8_tflops: float | None
     mfu: float
     mfu_source: str
-    family: str  # the key of pretrain.trainer.metrics.PEAK_TFLOPS with the same BF16 peak
+    family: str  # the key of pretrain.trainer.peak.PEAK_TFLOPS with the same BF16 peak
 
     @property
     def memory_bytes(self) -> int:

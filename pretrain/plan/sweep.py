@@ -9,17 +9,17 @@ from pretrain.plan.report import duration, gib
 
 def sweep(args: argparse.Namespace) -> str:
     """The sweep table as text (each run on its launcher's resources unless --nodes/--gpus-per-node)."""
-    from pretrain.experiments.generate import config_dict
-    from pretrain.experiments.table import SHIPPED_METHODS, TABLE1_SIZES
     from pretrain.plan.cli import _overrides, plan_for
-    from pretrain.trainer.config import apply_overrides, from_dict
+    from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
+    from pretrain.trainer.config import CONFIG_DIR, load
 
     rows = [f"{'run':<16}{'GPUs':>6}{'TP/PP/DP':>10}{'peak/GPU':>13}{'fits':>6}{'steps':>8}{'wall':>13}{'GPU-h':>10}"]
     total = 0.0
     gpu_label = None
     for size in TABLE1_SIZES:
         for method in SHIPPED_METHODS:
-            config = from_dict(apply_overrides(config_dict(size, method), _overrides(args)))
+            # the shipped configs are generated from table.py (a test keeps them equal to it)
+            config = load(CONFIG_DIR / f"{size}_{method}.yaml", _overrides(args))
             plan = plan_for(config, args)
             lay = plan.layout
             gpu_label = plan.gpu_label

@@ -7,7 +7,7 @@ import pytest
 from pretrain.plan.cli import main
 from pretrain.plan.hardware import GPUS
 from pretrain.plan.report import parse_slurm_time
-from pretrain.trainer.metrics import PEAK_TFLOPS
+from pretrain.trainer.peak import PEAK_TFLOPS
 
 
 def test_table_shows_parameters_bytes_peak_and_gpu_hours(capsys, megatron_world):

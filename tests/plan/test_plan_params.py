@@ -2,7 +2,7 @@
 
 import pytest
 
-from pretrain.experiments.table import SIZES, TABLE1_SIZES, model_preset
+from pretrain.table import SIZES, TABLE1_SIZES, model_preset
 from pretrain.plan.params import (StageParams, bytes_per_parameter, megatron_tensors, stage_params, state_bytes,
                                   total_parameters)
 
