@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pretrain.plan.cli import layout_for  # noqa: E402
+from pretrain.plan.layout import layout_for  # noqa: E402
 from pretrain.plan.estimate import build_plan  # noqa: E402
 from pretrain.plan.measure import measure_step  # noqa: E402
 from pretrain.trainer.config import from_dict  # noqa: E402

@@ -2,5 +2,6 @@
 
 params.py (exact parameters and state bytes from Megatron's shapes), activations.py (the activation
 formulas and their source), hardware.py (GPUs, published MFU), estimate.py (the plan), report.py
-(rendering), sweep.py (the table.py grid), measure.py (what a real CPU step allocates), cli.py.
+(rendering), layout.py (config + GPUs -> a validated layout and its plan), sweep.py (the table.py
+grid), measure.py (what a real CPU step allocates), cli.py.
 """

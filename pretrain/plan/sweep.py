@@ -9,7 +9,7 @@ from pretrain.plan.report import duration, gib
 
 def sweep(args: argparse.Namespace) -> str:
     """The sweep table as text (each run on its launcher's resources unless --nodes/--gpus-per-node)."""
-    from pretrain.plan.cli import _overrides, plan_for
+    from pretrain.plan.layout import overrides, plan_for
     from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
     from pretrain.trainer.config import CONFIG_DIR, load
 
@@ -19,7 +19,7 @@ def sweep(args: argparse.Namespace) -> str:
     for size in TABLE1_SIZES:
         for method in SHIPPED_METHODS:
             # the shipped configs are generated from table.py (a test keeps them equal to it)
-            config = load(CONFIG_DIR / f"{size}_{method}.yaml", _overrides(args))
+            config = load(CONFIG_DIR / f"{size}_{method}.yaml", overrides(args))
             plan = plan_for(config, args)
             lay = plan.layout
             gpu_label = plan.gpu_label

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pretrain.plan.cli import layout_for
+from pretrain.plan.layout import layout_for
 from pretrain.plan.estimate import build_plan
 from pretrain.plan.measure import measure_step
 from pretrain.trainer.config import from_dict
