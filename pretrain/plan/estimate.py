@@ -137,11 +137,11 @@ def build_plan(config, layout: Layout, gpu_name: str, mfu: float | None = None,
         logits = activations.logits_bytes(layer, model.padded_vocab_size(layout.tp)) if stage == layout.pp - 1 else 0.0
         # Local linears (no gradient-accumulation fusion) build each weight gradient in the weight's dtype
         # before DDP adds it into the fp32 main_grad buffer; the tied embedding's gradient from the output
-        # layer waits there until the embedding's own backward, i.e. through the whole backward pass. By
-        # then the fp32 softmax (the logits' gradient) is freed, so the peak grows only by the difference
-        # (measured on CPU: pretrain/plan/measure.py). TE on a GPU accumulates into main_grad directly.
-        released = 4 * seq * layout.micro_batch * model.padded_vocab_size(layout.tp) / layout.tp \
-            if stage == layout.pp - 1 else 0.0
+        # layer waits in autograd's input buffer until the embedding's own backward, i.e. through the
+        # whole backward pass. By then the logits buffer (fp32 softmax, 16-bit logits, final norm) is
+        # freed, so the peak grows only by the difference (measured on CPU: benchmarks/bench_plan_memory.py).
+        # TE on a GPU accumulates into main_grad directly.
+        released = logits
         largest = max(n * size for _, n, size in held.tensors)
         temporaries = max(0.0, largest - released) if local else 0.0
         stages.append(StagePlan(stage=stage, params=held.numel, weights=state.weights, grads=state.grads,
