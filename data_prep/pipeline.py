@@ -21,6 +21,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 
+from data_prep.bpe_fast import sample_texts
 from data_prep.assemble_stage import assemble, choose_valid, completed_output_entry, num_valid_documents
 from data_prep.checksums import matches_checksums
 from data_prep.dist import Comm, get_comm
@@ -57,6 +58,7 @@ class BuildConfig:
     normalize: str = "auto"  # "auto": the OpenWebText rule for OWT archives, text as is for every other format
     append_eod: bool = True
     eod_token: Optional[str] = None
+    special_tokens: str = "text"  # a special token's string in a document: "text" (as Megatron-LM) or "honour"
     strict: bool = False
     force: bool = False
     chunk_bytes: int = 4 << 20
@@ -70,7 +72,8 @@ class BuildConfig:
         return {
             "num_shards": self.num_shards, "valid_fraction": self.valid_fraction, "valid_docs": self.valid_docs,
             "seed": self.seed, "jsonl_key": self.jsonl_key, "format": self.fmt, "normalize": self.normalize,
-            "append_eod": self.append_eod, "eod_token": self.eod_token, "strict": self.strict,
+            "append_eod": self.append_eod, "eod_token": self.eod_token, "special_tokens": self.special_tokens,
+            "strict": self.strict,
             "chunk_bytes": self.chunk_bytes,
         }
 
@@ -168,8 +171,10 @@ def _build(cfg: BuildConfig, comm: Comm) -> dict:
 def _make_plan(cfg: BuildConfig) -> BuildPlan:
     if cfg.num_shards < 1:
         raise DataError(f"--num-shards {cfg.num_shards}: must be >= 1")
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.eod_token)
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.eod_token, cfg.special_tokens)
     units = plan_units(cfg.inputs, cfg.fmt, cfg.jsonl_key, cfg.chunk_bytes, cfg.normalize)
+    if tokenizer.backend == "tiktoken":  # exactness checked on this input, not assumed
+        tokenizer.check_fast_path(sample_texts(units))
     state = build_state(MANIFEST_VERSION, cfg.output_settings(), tokenizer.sha256, units)
     return BuildPlan(tokenizer, units, state, fingerprint(state), _work_dir(cfg.output_prefix))
 
