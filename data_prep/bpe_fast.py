@@ -263,3 +263,44 @@ def first_difference(a: list[int], b: list[int]) -> int:
         if x != y:
             return k
     return min(len(a), len(b))
+
+
+# Pre-tokenisation regexes of the tokenizer families below, as their tokenizer.json files spell them.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+STYLES = ("gpt2", "neox", "llama3", "qwen2")
+
+
+def train_styled_tokenizer(style: str, texts: Iterable[str], vocab_size: int) -> str:
+    """A byte-level BPE trained on `texts`, laid out like one family's tokenizer.json; returns its JSON text.
+
+    For tests and benchmarks (the families' real files are not downloadable here). neox: NFC,
+    GPT-2 regex, <|endoftext|> and <|padding|> special, plus 26 non-special added whitespace runs
+    (2-24 spaces, 2-4 tabs), as GPT-NeoX-20B's file is described in issue 25; llama3: Split regex
+    + ByteLevel without regex, ignore_merges; qwen2: NFC, Split regex (single digits).
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    if style not in STYLES:
+        raise ValueError(f"style {style!r}: want one of {STYLES}")
+    specials = {"llama3": ["<|begin_of_text|>", "<|end_of_text|>"],
+                "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}.get(style, ["<|endoftext|>", "<|padding|>"])
+    tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))
+    if style in ("neox", "qwen2"):
+        tok.normalizer = normalizers.NFC()
+    if style in ("llama3", "qwen2"):
+        pattern = LLAMA3_PATTERN if style == "llama3" else QWEN2_PATTERN
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    if style == "neox":
+        tok.add_tokens([AddedToken(" " * n, normalized=True) for n in range(24, 1, -1)]
+                       + [AddedToken("\t" * n, normalized=True) for n in range(4, 1, -1)])
+    return tok.to_str()
