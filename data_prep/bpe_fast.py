@@ -200,6 +200,11 @@ class FastBPE:
             raise Unsupported(f"pre-tokenizer regex not accepted by tiktoken ({str(e).splitlines()[0]})") from None
         self.special_tokens = special_tokens
 
+    @property
+    def ranks_are_ids(self) -> bool:
+        """True when merges are in id order (ranks are the ids); False when a table maps merge ranks to ids."""
+        return self._table is None
+
     def _normalize(self, text: str) -> str:
         return unicodedata.normalize(self.normalizer, text) if self.normalizer else text
 

@@ -125,6 +125,11 @@ class HFTokenizer(Tokenizer):
         return None
 
     @property
+    def fast(self):
+        """The FastBPE encoder in use, or None when `tokenizers` encodes."""
+        return self._fast
+
+    @property
     def backend(self) -> str:
         """Which library encodes: 'tiktoken' (the exact fast BPE path) or 'tokenizers'."""
         return "tiktoken" if self._fast is not None else "tokenizers"
