@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_ext.model import ParallelConfig  # noqa: E402
-from pretrain.experiments.table import model_preset  # noqa: E402
+from pretrain.table import model_preset  # noqa: E402
 from megatron_ext.positions import PositionConfig, build_sampler  # noqa: E402
 from pretrain.trainer import distributed  # noqa: E402
 from pretrain.trainer.config import OptimizerSettings  # noqa: E402

@@ -32,7 +32,7 @@ quiet_known_warnings()
 
 from megatron_ext.model import ParallelConfig  # noqa: E402
 from megatron_ext.positions import PositionConfig, build_sampler  # noqa: E402
-from pretrain.experiments.table import model_preset  # noqa: E402
+from pretrain.table import model_preset  # noqa: E402
 from pretrain.hf.export import megatron_state_to_llama  # noqa: E402
 from pretrain.trainer import distributed  # noqa: E402
 from pretrain.trainer.config import OptimizerSettings  # noqa: E402

@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 # Workers are processes; each tokenises single-threaded so `--workers N` means N cores.
@@ -21,77 +20,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 
-from data_prep.bpe_fast import sample_texts
 from data_prep.assemble_stage import assemble, choose_valid, completed_output_entry, num_valid_documents
+from data_prep.bpe_fast import sample_texts
 from data_prep.checksums import matches_checksums
+from data_prep.config import BuildConfig, BuildPlan
 from data_prep.dist import Comm, get_comm
 from data_prep.errors import DataError, naming_output
 from data_prep.fingerprint import build_state, describe_changes, fingerprint
 from data_prep.manifest import MANIFEST_VERSION, manifest_path, read_json, shard_prefix, valid_prefix, write_json_atomic
 from data_prep.progress import Progress
-from data_prep.units import Unit, plan_units
+from data_prep.units import plan_units
 from data_prep.summary import no_documents_message, write_manifest
 from data_prep.tokenize_stage import (WorkerContext, completed_unit_record, init_worker, tokenize_unit,
                                       unit_paths)
-from data_prep.tokenizers import Tokenizer, load_tokenizer
-from data_prep.writer import import_megatron_in_background, megatron_indexed, token_dtype
+from data_prep.tokenizers import load_tokenizer
+from data_prep.writer import import_megatron_in_background, megatron_indexed
 
 __all__ = ["BuildConfig", "DataError", "build", "verify_existing"]
 
 SKIP_PRINT_LIMIT = 20  # skip messages printed while tokenising (the manifest keeps more)
-
-
-@dataclass
-class BuildConfig:
-    """Everything `build` needs; the output-affecting part is fingerprinted for resume."""
-
-    inputs: list[str]
-    tokenizer: str
-    output_prefix: str
-    num_shards: int = 1
-    valid_fraction: Optional[float] = None
-    valid_docs: Optional[int] = None
-    seed: int = 1234
-    workers: int = 1
-    jsonl_key: str = "text"
-    fmt: str = "auto"
-    normalize: str = "auto"  # "auto": the OpenWebText rule for OWT archives, text as is for every other format
-    append_eod: bool = True
-    eod_token: Optional[str] = None
-    special_tokens: str = "text"  # a special token's string in a document: "text" (as Megatron-LM) or "honour"
-    strict: bool = False
-    force: bool = False
-    chunk_bytes: int = 4 << 20
-    batch_docs: int = 64
-    keep_work: bool = False
-    progress: bool = True
-    use_mpi: Optional[bool] = None
-
-    def output_settings(self) -> dict:
-        """Settings that change the bytes written (worker count deliberately absent)."""
-        return {
-            "num_shards": self.num_shards, "valid_fraction": self.valid_fraction, "valid_docs": self.valid_docs,
-            "seed": self.seed, "jsonl_key": self.jsonl_key, "format": self.fmt, "normalize": self.normalize,
-            "append_eod": self.append_eod, "eod_token": self.eod_token, "special_tokens": self.special_tokens,
-            "strict": self.strict,
-            "chunk_bytes": self.chunk_bytes,
-        }
-
-
-@dataclass
-class BuildPlan:
-    """What one build works on: tokenizer, units, their fingerprint and the work directory."""
-
-    tokenizer: Tokenizer
-    units: list[Unit]
-    state: dict  # everything the fingerprint covers (fingerprint.build_state)
-    fingerprint: str
-    work_dir: str
-
-    @property
-    def dtype(self) -> type:
-        """numpy dtype of token ids."""
-        return token_dtype(self.tokenizer.vocab_size)
 
 
 def _work_dir(output_prefix: str) -> str:

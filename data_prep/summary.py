@@ -5,17 +5,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from data_prep import __version__
+from data_prep.config import BuildConfig, BuildPlan
 from data_prep.errors import DataError
 from data_prep.manifest import MANIFEST_VERSION, manifest_path, write_json_atomic
 from data_prep.units import Unit
-
-if TYPE_CHECKING:  # the pipeline imports this module
-    from data_prep.pipeline import BuildConfig, BuildPlan
 
 
 def _tree_bytes(path: str) -> int:
@@ -34,7 +31,7 @@ def _skip_totals(unit_records: list[dict]) -> tuple[dict, list[str]]:
     return dict(sorted(skipped.items())), examples
 
 
-def no_documents_message(cfg: "BuildConfig", units: list[Unit], unit_records: list[dict]) -> str:
+def no_documents_message(cfg: BuildConfig, units: list[Unit], unit_records: list[dict]) -> str:
     """One line for a build whose inputs yield no document: what was read, why each was skipped, the fix."""
     names = sorted({u.name for u in units})
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
@@ -49,14 +46,14 @@ def no_documents_message(cfg: "BuildConfig", units: list[Unit], unit_records: li
             "the files, or repair the documents named")
 
 
-def _normalize_record(cfg: "BuildConfig", units: list[Unit]) -> dict:
+def _normalize_record(cfg: BuildConfig, units: list[Unit]) -> dict:
     by_format: dict[str, str] = {}
     for unit in units:
         by_format.setdefault(unit.fmt, unit.normalize)
     return {"requested": cfg.normalize, "by_format": dict(sorted(by_format.items()))}
 
 
-def write_manifest(cfg: "BuildConfig", plan: "BuildPlan", num_ranks: int, unit_records: list[dict], entries: dict, seconds: float) -> dict:
+def write_manifest(cfg: BuildConfig, plan: BuildPlan, num_ranks: int, unit_records: list[dict], entries: dict, seconds: float) -> dict:
     """Check the document accounting, write the manifest, print the closing report; returns the manifest."""
     skipped, examples = _skip_totals(unit_records)
     shards = [entries[i] for i in range(cfg.num_shards)]
@@ -96,7 +93,7 @@ def write_manifest(cfg: "BuildConfig", plan: "BuildPlan", num_ranks: int, unit_r
     return manifest
 
 
-def _print_report(cfg: "BuildConfig", manifest: dict, in_bytes: int, seconds: float) -> None:
+def _print_report(cfg: BuildConfig, manifest: dict, in_bytes: int, seconds: float) -> None:
     docs, tokens = manifest["documents"], manifest["tokens"]["total"]
     rate = max(seconds, 1e-9)
     print(f"\ndone in {seconds:.1f}s: {docs['read']} documents read = {docs['written']} written ({docs['train']} "

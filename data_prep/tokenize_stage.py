@@ -13,19 +13,17 @@ import os
 import time
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
+from data_prep.config import BuildConfig
 from data_prep.errors import DataError, naming_output
 from data_prep.manifest import read_json, write_json_atomic
 from data_prep.readers import iter_unit
 from data_prep.units import Unit
 from data_prep.tokenizers import Tokenizer
 from data_prep.writer import token_dtype
-
-if TYPE_CHECKING:  # the pipeline imports this module
-    from data_prep.pipeline import BuildConfig
 
 SKIP_LOG_LIMIT = 50  # skip messages kept per unit (all skips are counted)
 
@@ -35,7 +33,7 @@ class WorkerContext:
     """What every tokenising (and assembling) worker needs; set once per process by `init_worker`."""
 
     tokenizer: Tokenizer
-    config: "BuildConfig"
+    config: BuildConfig
     work_dir: str
     fingerprint: str
 

@@ -1,6 +1,6 @@
 """Model configuration (named like Megatron's TransformerConfig) and the Megatron model builder.
 
-The named sizes (Table 1 and CPU models) live in pretrain/experiments/table.py.
+The named sizes (Table 1 and CPU models) live in pretrain/table.py.
 
 The architecture is the PosAug paper's: decoder-only, SwiGLU, RMSNorm, GQA, tied
 embeddings, RoPE (base 10000 by default, non-interleaved so it equals HF Llama's).

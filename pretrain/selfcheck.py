@@ -38,7 +38,7 @@ class Skip(Exception):
 
 
 def _tiny_model(**overrides):
-    from pretrain.experiments.table import model_preset
+    from pretrain.table import model_preset
 
     return model_preset("tiny", **overrides)
 
@@ -242,7 +242,7 @@ def check_fp8_step() -> str:
 def check_113m_throughput() -> str:
     """Tokens/s and MFU of a 113m training step (TE, bf16, micro-batch 4, s = 2048)."""
     _need_cuda()
-    from pretrain.experiments.table import model_preset
+    from pretrain.table import model_preset
     from pretrain.trainer.metrics import peak_tflops
 
     model = model_preset("113m", transformer_impl="transformer_engine", bf16=True)

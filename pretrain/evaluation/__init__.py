@@ -6,7 +6,8 @@
     cliff(losses, scorer.train_window)["cliff"]
 """
 
-from .cli import eval_cli, evaluate
+from .cli import eval_cli
+from .record import evaluate
 from .data import TokenStream, eval_spans, load_stream
 from .metrics import (GAIN_METHODS, attention_entropy_ratio, cliff, context_gain, default_in_start,
                       exact_window_losses, in_distribution_penalty, kv_cache_window_losses, per_position_loss)

@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from pretrain.experiments.table import EXTRAPOLATION
+from pretrain.table import EXTRAPOLATION
 
 
 def record_path(out: Path, run_name: str) -> Path:
@@ -39,8 +39,8 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
                  max_batch_tokens: int | None = None, progress: bool = True, say=print) -> dict[str, list[str]]:
     """Evaluate the finished, not-yet-evaluated runs under `root`; returns run names by outcome."""
     from pretrain.evaluation import metrics, report
-    from pretrain.evaluation.cli import evaluate
     from pretrain.evaluation.data import load_stream
+    from pretrain.evaluation.record import evaluate
     from pretrain.evaluation.scorers import load_scorer
     from pretrain.experiments.runs import discover
 

@@ -14,69 +14,14 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from pretrain.experiments.table import EXTRAPOLATION, METHODS
+from pretrain.experiments.presets import INFERENCE, PRESETS, TRAINING_METHODS, Preset
+from pretrain.table import METHODS
 from pretrain.trainer import config as config_module
 from pretrain.trainer.config import TrainConfig
-
-# Training-time method rows (names in table.METHODS); the paper's Tables 2/4/6/7.
-TRAINING_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs", "rpe", "warp", "nope", "alibi")
-# The default preset stays within ~30 min on 2 cores: NoPE/ALiBi rows (Table 15) run in cpu-long and
-# cpu-tiny, and in cpu-small with --methods.
-ROPE_METHODS = TRAINING_METHODS[:-2]
-# Inference-time transforms applied to the baseline (paper §4.4: s = L_eval / w, default settings).
-INFERENCE = {"baseline+pi": "pi", "baseline+ntk": "ntk", "baseline+yarn": "yarn"}
-
-
-@dataclass(frozen=True)
-class Preset:
-    """Sizes of one reproduction: model (a size of table.SIZES), budget, evaluation."""
-
-    model: str
-    window: int
-    vocab_size: int
-    train_tokens: int
-    global_batch_size: int
-    micro_batch_size: int
-    lr: float
-    eval_length: int
-    num_spans: int
-    in_dist_start: int
-    gain_window: int
-    corpus_bytes: int
-    valid_fraction: float
-    gain_spans: int = 40  # exact G(C) costs a pass per target token: computed on the first spans only; 0 = skip
-    methods: tuple[str, ...] = TRAINING_METHODS
-    inference: tuple[str, ...] = tuple(INFERENCE)
-
-    @property
-    def train_iters(self) -> int:
-        """Optimizer steps of each training run."""
-        return self.train_tokens // (self.global_batch_size * self.window)
-
-
-PRESETS = {
-    # ~1.4M parameters, w = 64, 1.64M tokens per model (~3.5 min each on 2 cores), eval at 8w.
-    "cpu-small": Preset(model="cpu-small", window=64, vocab_size=4096, train_tokens=1_638_400,
-                        global_batch_size=32, micro_batch_size=32, lr=3e-3, eval_length=EXTRAPOLATION * 64,
-                        num_spans=400, in_dist_start=16, gain_window=16, corpus_bytes=6_000_000,
-                        valid_fraction=0.15, methods=ROPE_METHODS),
-    # longer: twice the window, 4x the tokens, eval at 8w; the baseline's cliff passes 1 nat here
-    # (1.107 +- 0.063 measured; cpu-small's is 0.34). ~11 min of training per model on 2 cores.
-    "cpu-long": Preset(model="cpu-small", window=128, vocab_size=4096, train_tokens=6_553_600,
-                       global_batch_size=32, micro_batch_size=32, lr=3e-3, eval_length=EXTRAPOLATION * 128,
-                       num_spans=100, in_dist_start=16, gain_window=32, corpus_bytes=6_000_000,
-                       valid_fraction=0.15, gain_spans=10),
-    # seconds-scale smoke run of the whole pipeline (tests); numbers are not meaningful.
-    "cpu-tiny": Preset(model="tiny", window=32, vocab_size=512, train_tokens=8_192, global_batch_size=16,
-                       micro_batch_size=16, lr=3e-3, eval_length=128, num_spans=24, in_dist_start=8,
-                       gain_window=8, corpus_bytes=400_000, valid_fraction=0.1),
-}
-
 
 def _log(message: str) -> None:
     print(f"[reproduce] {message}", flush=True)

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from pretrain.experiments.reproduce import Preset
+from pretrain.experiments.presets import Preset
 
 
 def _fmt(pair: tuple[float, float] | None, digits: int = 3, percent: bool = False) -> str:

@@ -14,7 +14,6 @@ the trainer's `status.json` and its newest complete checkpoint:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import socket
 import sys
@@ -24,44 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.experiments.table import METHODS, SIZES
+from pretrain.naming import method_name, size_name
 
-ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups")
 STALE_AFTER_S = 1800.0  # a "running" run on another host with no heartbeat for this long is reported failed
-
-
-def _fields(section) -> dict:
-    if dataclasses.is_dataclass(section):
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(section).items()}
-    return dict(section)
-
-
-def size_name(model) -> str:
-    """The table.SIZES name of a model (ModelConfig or its dict), else its non-embedding size, e.g. '3.2M'."""
-    fields = _fields(model)
-    if fields.get("num_query_groups") is None:
-        fields["num_query_groups"] = fields.get("num_attention_heads")
-    for name, size in SIZES.items():
-        arch = dict(size.architecture)
-        arch.setdefault("num_query_groups", arch.get("num_attention_heads"))
-        if all(arch.get(k) == fields.get(k) for k in ARCHITECTURE_KEYS):
-            return name
-    from megatron_ext.model import ModelConfig
-
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    params = ModelConfig(**{k: v for k, v in fields.items() if k in known}).non_embedding_parameters()
-    return f"{params / 1e6:.3g}M"
-
-
-def method_name(positions, window: int) -> str:
-    """The table.METHODS row whose resolved positions equal the run's, else the strategy name."""
-    from megatron_ext.positions import PositionConfig
-
-    fields = _fields(positions)
-    for name, method in METHODS.items():
-        if _fields(PositionConfig(**method.position_fields(window))) == fields:
-            return name
-    return str(fields.get("strategy", "?"))
 
 
 @dataclass

@@ -42,7 +42,7 @@ def cli_scaling_kind(name: str) -> str:
 
 def rfs_eval_length(train_config, eval_length: int | None) -> int:
     """The RFS evaluation length an export reproduces: --eval-length, else window × EXTRAPOLATION."""
-    from pretrain.experiments.table import EXTRAPOLATION
+    from pretrain.table import EXTRAPOLATION
 
     return int(eval_length) if eval_length is not None else train_config.model.seq_length * EXTRAPOLATION
 

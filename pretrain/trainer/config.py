@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from pretrain.trainer.data import check_data_path
 from megatron_ext.positions import PositionConfig
 

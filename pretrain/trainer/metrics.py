@@ -74,7 +74,7 @@ def peak_tflops(configured: float | None, bf16: bool = False) -> tuple[float, st
 
 def config_summary(config) -> str:
     """One line naming what the resolved config runs: name, size, method, seed, layers, precision."""
-    from pretrain.experiments.runs import method_name, size_name
+    from pretrain.naming import method_name, size_name
 
     model = config.model
     precision = "fp8" if model.fp8 else "bf16" if model.bf16 else "fp32"

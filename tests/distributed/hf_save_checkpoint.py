@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_ext.model import ParallelConfig
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from megatron_ext.positions import PositionConfig, build_sampler
 from pretrain.trainer import checkpoint, distributed
 from pretrain.trainer.config import CheckpointConfig, DataConfig, ScheduleConfig, TrainConfig, to_dict

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from megatron_ext.model import ParallelConfig, build_model
 from megatron_ext.positions import PositionConfig, build_sampler
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from pretrain.trainer import distributed
 from pretrain.trainer.config import OptimizerSettings
 from pretrain.trainer.engine import Engine

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatron_ext.model import build_model
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from megatron_ext.positions import PositionConfig, RopePositions
 from pretrain.evaluation import (HFScorer, MegatronScorer, RunInfo, aggregate, attention_entropy_ratio, cliff,
                                  context_gain, eval_cli, eval_spans, exact_window_losses, extract_answer,

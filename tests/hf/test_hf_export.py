@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_ext.model import build_model
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from pretrain.hf import hf_logits
 from pretrain.hf.export import llama_config, megatron_to_llama
 from pretrain.hf.weight_map import merge_qkv, split_qkv

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from megatron_ext.alibi import alibi_bias, alibi_slopes
 from megatron_ext.model import ModelConfig, build_model
-from pretrain.experiments.table import model_preset as preset
+from pretrain.table import model_preset as preset
 from megatron_ext.positions import RopePositions
 
 B, S = 2, 12

@@ -8,7 +8,7 @@ import torch
 from megatron_ext.generation import greedy_generate
 from megatron_ext.model import build_model
 from megatron_ext.positions import PositionConfig, RopePositions, RopeScaling, build_sampler
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from pretrain.hf.export import megatron_to_llama
 
 VOCAB, PROMPT, NEW = 200, 10, 30  # 40 tokens: past the 32-token training window

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_ext.model import ModelConfig, ParallelConfig, build_model
-from pretrain.experiments.table import SIZES, TABLE1_SIZES, model_preset
+from pretrain.table import SIZES, TABLE1_SIZES, model_preset
 
 
 @pytest.mark.parametrize("name", TABLE1_SIZES)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_ext.model import ParallelConfig
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from megatron_ext.positions import PositionConfig, build_sampler
 
 STRATEGIES = {

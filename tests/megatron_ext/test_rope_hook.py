@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from megatron_ext.model import build_model, transformer_config, layer_spec_function
 from megatron_ext.sdpa_attention import with_core_attention
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from megatron_ext.positions import RopePositions, rope_inv_freq
 
 B, S = 3, 32

@@ -10,7 +10,7 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron_ext.model import ModelConfig, build_model
 from megatron_ext.positions import RopePositions
 from megatron_ext.sdpa_attention import SDPADotProductAttention, materialized_probabilities
-from pretrain.experiments.table import model_preset as preset
+from pretrain.table import model_preset as preset
 
 B, S = 2, 24
 

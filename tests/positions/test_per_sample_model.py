@@ -5,7 +5,7 @@ import torch
 
 from megatron_ext.model import build_model
 from megatron_ext.positions import PositionConfig, build_sampler
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 
 B = 3
 CONFIG = model_preset("tiny")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.experiments.table import SHIPPED_METHODS, TABLE1_SIZES
+from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM = REPO / "slurm"

@@ -5,7 +5,7 @@ import torch
 
 from megatron_ext.model import ParallelConfig
 from megatron_ext.positions import PositionConfig, build_sampler
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from pretrain.tasks.generators import VOCAB_SIZE
 from pretrain.tasks.source import TaskSource, sequence_tokens
 from pretrain.trainer.config import OptimizerSettings

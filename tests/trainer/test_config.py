@@ -3,7 +3,7 @@
 import pytest
 
 from pretrain.experiments.generate import CONFIG_DIR
-from pretrain.experiments.table import SHIPPED_METHODS, SIZES, TABLE1_SIZES
+from pretrain.table import SHIPPED_METHODS, SIZES, TABLE1_SIZES
 from pretrain.trainer import config as cfg
 
 TABLE16_STEPS = {"10m": 1907, "42m": 3242, "113m": 8773, "425m": 7629, "1b": 7629}

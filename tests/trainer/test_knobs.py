@@ -9,7 +9,7 @@ import torch
 from conftest import run_torchrun
 from megatron_ext.model import ParallelConfig, build_model
 from megatron_ext.positions import PositionConfig, build_sampler
-from pretrain.experiments.table import model_preset
+from pretrain.table import model_preset
 from pretrain.trainer.config import from_dict
 
 SCRIPT = "tests/distributed/knobs_step.py"

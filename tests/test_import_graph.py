@@ -1,0 +1,167 @@
+"""The package import graph: no cycles between modules, and no room imports a room above it.
+
+The graph is read from the source (ast), so nothing is imported and every `import` counts:
+module level, inside functions and under `if TYPE_CHECKING:` alike, because each is a
+dependency a reader has to follow. A package's `__init__` is a node of its own.
+ROOMS is the floor plan of README.md's "How it fits together"; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pretrain", "megatron_ext", "data_prep")
+
+# (floor, room, module prefixes). A module belongs to the room with the longest matching prefix.
+# An import between two rooms must go to a strictly lower floor; rooms on one floor are independent.
+ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
+    (0, "positions", ("megatron_ext.positions",)),
+    (0, "data", ("data_prep",)),
+    (0, "console", ("pretrain.console",)),
+    (0, "tasks", ("pretrain.tasks",)),
+    (1, "megatron extension", ("megatron_ext",)),
+    (2, "sizes, methods, run names", ("pretrain.table", "pretrain.naming")),
+    (3, "trainer", ("pretrain.trainer",)),
+    (4, "hf interop", ("pretrain.hf",)),
+    (4, "run listing", ("pretrain.experiments.runs",)),
+    (5, "evaluation", ("pretrain.evaluation",)),
+    (5, "task suite", ("pretrain.tasks.suite",)),
+    (6, "experiments", ("pretrain.experiments",)),
+    (6, "entry points", ("pretrain", "pretrain.__main__", "pretrain.selfcheck")),
+]
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Our modules that one import statement names (`from pkg import sub` names the submodule)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+            package = package[: len(package) - (node.level - 1)]
+            base = ".".join(package + ([node.module] if node.module else []))
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+    found = set()
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports anywhere in its source."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges |= _targets(node, module, path, modules)
+        graph[module] = edges
+    return graph
+
+
+def room_of(module: str) -> tuple[int, str] | None:
+    """(floor, room) of a module, or None when no room claims it."""
+    best = None
+    for floor, room, prefixes in ROOMS:
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), floor, room)
+    return None if best is None else (best[1], best[2])
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a path a -> ... -> a) per strongly connected component with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+
+    def visit(node: str) -> None:  # Tarjan; the graph is small enough for recursion
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(set(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [_cycle_through(component, graph) for component in components]
+
+
+def _cycle_through(component: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest cycle from the component's first module back to itself (breadth first)."""
+    start = min(component)
+    previous = {start: None}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for target in sorted(graph[node] & component):
+            if target == start:
+                path = [node]
+                while previous[path[-1]] is not None:
+                    path.append(previous[path[-1]])
+                return [*reversed(path), start]
+            if target not in previous:
+                previous[target] = node
+                queue.append(target)
+    raise AssertionError(f"no cycle through {start}")
+
+
+def test_every_module_has_a_room():
+    unplaced = sorted(m for m in import_graph() if room_of(m) is None)
+    assert not unplaced, f"modules in no room: {unplaced}; add them to ROOMS here and to README's room map"
+
+
+def test_no_module_imports_itself_back_through_others():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join("  " + " -> ".join(cycle) for cycle in cycles)
+
+
+def test_no_room_imports_a_room_on_its_floor_or_above():
+    upward = []
+    for module, targets in sorted(import_graph().items()):
+        here = room_of(module)
+        for target in sorted(targets):
+            there = room_of(target)
+            if here and there and there[1] != here[1] and there[0] >= here[0]:
+                upward.append(f"  {module} (floor {here[0]}, {here[1]}) -> {target} (floor {there[0]}, {there[1]})")
+    assert not upward, "imports that do not go down a floor:\n" + "\n".join(upward)
+
+
+def test_the_cycle_finder_reports_a_cycle_as_a_closed_path():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycles(graph) == [["a", "b", "c", "a"]]
