@@ -117,3 +117,19 @@ def test_the_fast_encoder_survives_pickling_for_worker_processes(styled):
     assert tok.backend == "tiktoken"
     texts = texts_to_check()
     assert tok.encode_batch(texts) == reference_ids(styled["llama3"], texts)
+
+
+def test_irregular_whitespace_added_tokens_still_equal_tokenizers(styled, tmp_path):
+    """Runs of 4 and 8 spaces only, a blank line and a space-tab pair: gaps, prefixes and mixed runs."""
+    def irregular(spec):
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["special"]]
+        top = max(spec["model"]["vocab"].values())
+        for k, text in enumerate(["    ", "        ", "\n\n", " \t"]):
+            spec["added_tokens"].append({"id": top + 1 + k, "content": text, "single_word": False, "lstrip": False,
+                                         "rstrip": False, "normalized": True, "special": False})
+
+    path = edited(styled["neox"], str(tmp_path / "irregular.json"), irregular)
+    tok = load_tokenizer(path)
+    texts = texts_to_check() + [" " * k + "x" for k in range(1, 20)] + ["\n" * k + " \t\t" * k for k in range(1, 6)]
+    assert tok.backend == "tiktoken"
+    assert tok.encode_batch(texts) == reference_ids(path, texts)
