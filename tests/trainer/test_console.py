@@ -1,5 +1,5 @@
 """What a user sees: silenced known-harmless warnings (others still shown), progress lines, the trainer's
-console (one config line, tok/s and MFU on CPU), and the demo ending with its table. ~40 s without slow tests."""
+console (one config line, tok/s and MFU on CPU, an impossible MFU dropped), and the demo ending with its table. ~40 s without slow tests."""
 
 import io
 import os
@@ -95,8 +95,42 @@ def test_tokens_per_second_and_mfu_are_reported_on_cpu(tiny_run):
     run_dir, proc = tiny_run
     steps = [line for line in proc.stdout.splitlines() if line.startswith("step 3/3")]
     assert re.search(r"K tok/s \| .* \| MFU \d", steps[0]), steps
-    assert "MFU against a peak of" in proc.stdout
-    assert all(0 < v < 1 for v in tensorboard_scalars(run_dir, "perf/mfu").values())
+    mfu = tensorboard_scalars(run_dir, "perf/mfu")
+    assert len(mfu) == 3 and all(0 < v < 1 for v in mfu.values()), mfu
+
+
+def test_the_console_says_where_the_cpu_peak_came_from(tiny_run):
+    _, proc = tiny_run
+    peak_line = next(line for line in proc.stdout.splitlines() if line.startswith("MFU against a peak of"))
+    assert re.search(r"\((measured now|cached from \d{4}-\d\d-\d\d \d\d:\d\d UTC): \d+-thread fp32 matmul at the "
+                     r"model's shapes, median of \d+ repeats, load average [\d.]+ on \d+ cores\)$", peak_line), peak_line
+
+
+@pytest.fixture(scope="module")
+def impossible_peak_run(tmp_path_factory):
+    """A run told that its device peaks at 1 kFLOP/s: every MFU it computes is far above 100 %."""
+    run_dir = tmp_path_factory.mktemp("impossible_peak_run")
+    proc = run_train(["preset=tiny", "data.synthetic=true", "schedule.train_iters=3", "schedule.global_batch_size=4",
+                      "schedule.micro_batch_size=2", "optimizer.lr_warmup_iters=0", "logging.log_interval=1",
+                      "logging.peak_tflops=1e-9", f"checkpoint.save={run_dir}"])
+    return run_dir, proc
+
+
+def test_an_impossible_mfu_is_warned_about_once_and_never_printed(impossible_peak_run):
+    _, proc = impossible_peak_run
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("MFU against a peak of 1e-09 TFLOP/s per device (from the config: logging.peak_tflops)")
+               for line in lines), proc.stdout
+    warnings = [line for line in lines if "is impossible" in line]
+    assert len(warnings) == 1 and "set logging.peak_tflops" in warnings[0], proc.stdout
+    steps = [line for line in lines if line.startswith("step ") and "tok/s" in line]
+    assert len(steps) == 3 and not any("MFU" in line for line in steps), steps
+
+
+def test_an_impossible_mfu_reaches_no_scalar_writer(impossible_peak_run):
+    run_dir, _ = impossible_peak_run
+    assert tensorboard_scalars(run_dir, "perf/mfu") == {}
+    assert len(tensorboard_scalars(run_dir, "perf/tokens_per_s")) == 3  # the other scalars are still written
 
 
 @pytest.mark.e2e
