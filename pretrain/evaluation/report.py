@@ -70,6 +70,10 @@ def record_metrics(record: dict) -> dict[str, float]:
             out[f"{task}@{length}"] = entry["accuracy"]
     if record.get("entropy"):
         out["entropy_ratio"] = record["entropy"]["ratio"]
+    if record.get("downstream"):  # lm-eval scores added by `eval all --downstream`
+        from pretrain.evaluation.downstream_report import record_metrics as downstream_metrics
+
+        out.update(downstream_metrics(record))
     return out
 
 
