@@ -22,8 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from pretrain.evaluation import downstream
-
-KEY = "downstream"
+from pretrain.evaluation.report import DOWNSTREAM_KEY as KEY
+from pretrain.evaluation.report import default_label, record_method, record_size, write_record
 
 
 def done_tasks(record: dict, iteration: int, num_fewshot: int | None, limit: float | None) -> set[str]:
@@ -48,8 +48,6 @@ def evaluate_grid(runs: list, record_path, tasks: list[str], *, num_fewshot: int
                   limit: float | None = None, include_path: str | None = None, device: str = "cpu",
                   batch_size: int | str = 8, say=print) -> dict[str, list[str]]:
     """Add the missing downstream tasks to the records of finished runs; returns run names by outcome."""
-    from pretrain.evaluation.report import write_record
-
     outcome: dict[str, list[str]] = {"evaluated": [], "current": [], "failed": []}
     todo = []
     for run in runs:
@@ -91,14 +89,6 @@ def headline_metric(entry: dict) -> str | None:
     return next((m for m in downstream.HEADLINE_METRICS if isinstance(entry.get(m), (int, float))), None)
 
 
-def record_metrics(record: dict) -> dict[str, float]:
-    """'<task>/<metric>' for every numeric downstream score of a record (stderrs included)."""
-    return {f"{task}/{metric}": value for task, entry in sorted((record.get(KEY) or {}).items())
-            for metric, value in entry.items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool)
-            and metric not in ("iteration", "num_fewshot", "limit", "n-shot", "samples")}
-
-
 def _mean_se(entries: list[dict], metric: str) -> tuple[float, float]:
     values = [e[metric] for e in entries if isinstance(e.get(metric), (int, float))]
     if not values:
@@ -111,8 +101,6 @@ def _mean_se(entries: list[dict], metric: str) -> tuple[float, float]:
 
 def downstream_table(records: list[dict], baseline: str | None = None) -> str:
     """Markdown: per size and method, each task's accuracy ± stderr and Δ vs that size's baseline ± stderr."""
-    from pretrain.evaluation.report import default_label, record_method, record_size
-
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in records:
         if r.get(KEY):

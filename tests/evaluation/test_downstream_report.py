@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from pretrain.evaluation.downstream_report import done_tasks, downstream_table, record_metrics
+from pretrain.evaluation.downstream_report import done_tasks, downstream_table
+from pretrain.evaluation.report import downstream_metrics
 from pretrain.evaluation.report import aggregate
 
 
@@ -62,8 +63,8 @@ def test_records_without_downstream_scores_give_no_table():
 
 
 def test_summary_csv_metrics_hold_every_downstream_score_as_mean_and_std_over_seeds():
-    assert record_metrics(RECORDS[0]) == {"hellaswag/acc_norm": 0.30, "hellaswag/acc_norm_stderr": 0.03,
-                                          "hellaswag/acc": 0.25, "hellaswag/acc_stderr": 0.03}
+    assert downstream_metrics(RECORDS[0]) == {"hellaswag/acc_norm": 0.30, "hellaswag/acc_norm_stderr": 0.03,
+                                              "hellaswag/acc": 0.25, "hellaswag/acc_stderr": 0.03}
     rows = {(r["size"], r["method"]): r["metrics"] for r in aggregate(RECORDS, baseline="baseline")}
     mean, std = rows[("10m", "baseline")]["hellaswag/acc_norm"]
     assert mean == pytest.approx(0.31) and std == pytest.approx(math.sqrt(2) * 0.01)
