@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Optional
 
-from data_prep.errors import one_line
+from data_prep.errors import FULL_OR_READ_ONLY, naming_output, one_line
 from data_prep.units import FORMATS, NORMALIZE_RULES
 
 
@@ -61,6 +61,10 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# (inputs are read in the same blocks: a missing file there is a missing input, hence FULL_OR_READ_ONLY)
+_ELSEWHERE = {"elsewhere": "pass an --output on a larger disk", "then": "rerun the same command"}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one command; returns the process exit code."""
     args = _build_parser().parse_args(argv)
@@ -75,8 +79,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command == "train-tokenizer":
             from data_prep.train_tokenizer import train_tokenizer
 
-            path = train_tokenizer(args.input, args.output, args.kind, args.vocab_size, args.sample_bytes,
-                                   args.fmt, args.jsonl_key)
+            with naming_output(args.output, what="tokenizer output", faults=FULL_OR_READ_ONLY, **_ELSEWHERE):
+                path = train_tokenizer(args.input, args.output, args.kind, args.vocab_size, args.sample_bytes,
+                                       args.fmt, args.jsonl_key)
             print(path)
             return 0
         if args.command == "inspect":
@@ -86,7 +91,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command == "embedded-corpus":
             from data_prep.corpus import write_embedded_corpus
 
-            n, size = write_embedded_corpus(args.output, args.max_bytes)
+            with naming_output(args.output, what="corpus output", faults=FULL_OR_READ_ONLY, **_ELSEWHERE):
+                n, size = write_embedded_corpus(args.output, args.max_bytes)
             print(f"wrote {n} documents, {size} bytes to {args.output}", file=sys.stderr)
             return 0
     except (OSError, ValueError, RuntimeError) as e:

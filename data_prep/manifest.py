@@ -143,7 +143,7 @@ def load_manifest(output_prefix: str) -> Manifest:
 def write_json_atomic(path: str, obj: Any) -> None:
     """Write JSON so a crash leaves either the old file or the new one, never half of one."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with naming_output(path):
+    with naming_output(path, partial=(tmp,)):
         with open(tmp, "w") as fh:
             json.dump(obj, fh, indent=1, sort_keys=False)
             fh.flush()

@@ -134,7 +134,8 @@ def tokenize_unit(task: tuple[int, Unit]) -> dict:
     docs_read = 0
     started = time.time()
 
-    with naming_output(paths["tok"]), open(paths["tok"] + ".partial", "wb") as out:
+    with naming_output(paths["tok"], partial=(paths["tok"] + ".partial",)), \
+            open(paths["tok"] + ".partial", "wb") as out:
         encoder = _UnitTokenizer(context, out)
         for record in iter_unit(unit):
             docs_read += 1
@@ -156,7 +157,8 @@ def tokenize_unit(task: tuple[int, Unit]) -> dict:
     if len(set(encoder.keys)) != len(encoder.keys):  # keys name the document's place in the corpus
         raise DataError(f"{unit.name}: duplicate document keys (same file given twice?); fix: pass each input once")
     scores, shards = document_hashes(config.seed, encoder.keys, config.num_shards)
-    with naming_output(paths["meta"]), open(paths["meta"] + ".partial", "wb") as fh:
+    with naming_output(paths["meta"], partial=(paths["tok"] + ".partial", paths["meta"] + ".partial")), \
+            open(paths["meta"] + ".partial", "wb") as fh:
         np.savez(fh, lengths=np.asarray(encoder.lengths, dtype=np.int64), scores=scores, shards=shards)
     os.replace(paths["tok"] + ".partial", paths["tok"])
     os.replace(paths["meta"] + ".partial", paths["meta"])

@@ -70,7 +70,7 @@ def write_indexed(prefix: str, docs: Iterable[np.ndarray], dtype: type) -> tuple
     tmp_bin, tmp_idx = prefix + ".bin.partial", prefix + ".idx.partial"
     n_docs = n_tok = 0
     # finalize() flushes the .bin's last buffer too, so a full disk there is still about the .bin.
-    with naming_output(prefix + ".bin"):
+    with naming_output(prefix + ".bin", partial=(tmp_bin, tmp_idx)):
         builder = IndexedDatasetBuilder(tmp_bin, dtype=dtype)
         for arr in docs:
             builder.add_document(arr, [int(arr.size)])

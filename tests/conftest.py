@@ -101,3 +101,74 @@ def tensorboard_scalars(run_dir, tag: str) -> dict[int, float]:
         if tag in accumulator.Tags()["scalars"]:
             values.update({e.step: e.value for e in accumulator.Scalars(tag)})
     return values
+
+
+# ------------------------------------------------------------------ real disk faults (issue 23)
+
+
+class SmallDisk:
+    """A real tmpfs mounted at `path` for one test: a real full disk (ENOSPC) and a real read-only one (EROFS).
+
+    chmod does not stop root, so read-only is a read-only remount; the filesystem is unmounted by the fixture."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _mount(self, *args: str) -> None:
+        subprocess.run(["mount", *args, str(self.path)], check=True, capture_output=True, timeout=30)
+
+    def free(self) -> int:
+        """Bytes free on the disk now."""
+        stat = os.statvfs(self.path)
+        return stat.f_bavail * stat.f_frsize
+
+    def fill(self, leave: int = 0) -> None:
+        """Fill the disk with a filler file until at most `leave` bytes are free."""
+        with open(self.path / ".filler", "ab") as handle:
+            block = b"\0" * (1 << 16)
+            try:
+                while self.free() > leave:
+                    handle.write(block[:max(4096, min(len(block), self.free() - leave))])
+                    handle.flush()
+            except OSError:
+                pass
+
+    def read_only(self) -> None:
+        """Remount the disk read-only (what a failed disk or an ro NFS export does to a job)."""
+        self._mount("-o", "remount,ro")
+
+    def writable(self) -> None:
+        """Remount the disk read-write."""
+        self._mount("-o", "remount,rw")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """Factory: small_disk(size="4m") mounts a fresh tmpfs under tmp_path; every mount is undone afterwards.
+
+    Needs root (or CAP_SYS_ADMIN), as `make test` and CI have; elsewhere the test is skipped with the reason."""
+    mounted: list[Path] = []
+
+    def mount(size: str = "4m") -> SmallDisk:
+        path = tmp_path / f"disk{len(mounted)}"
+        path.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs for a real full/read-only disk (needs root): {proc.stderr.strip()}")
+        mounted.append(path)
+        return SmallDisk(path)
+
+    yield mount
+    for path in reversed(mounted):
+        if subprocess.run(["umount", str(path)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def file_hashes(directory) -> dict[str, str]:
+    """{relative path: sha256} of every file under `directory` (to show what a failure left untouched)."""
+    import hashlib
+
+    directory = Path(directory)
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}

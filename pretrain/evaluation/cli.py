@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from data_prep.errors import OutputError, check_writable
 from megatron_ext.positions import ROPE_SCALING_KINDS
 
 from . import metrics, report
@@ -197,6 +198,10 @@ def eval_cli(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        out = args.out or (Path(args.directory) / "eval_records" if Path(args.directory).is_dir() else None)
+        if args.command != "report" and out is not None:  # before hours of evaluation, not after
+            check_writable(out, what="evaluation output directory", elsewhere="pass an --out on a larger disk",
+                           then="rerun the same command")
         if args.command == "all":
             from .all_runs import evaluate_all
 
@@ -207,6 +212,6 @@ def eval_cli(argv: list[str]) -> int:
                                    progress=not args.no_progress)
             return 1 if outcome["failed"] else 0
         return _run(args) if args.command == "run" else _report(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -23,10 +23,12 @@ def default_label(run_name: str) -> str:
 
 
 def write_record(record: dict, path: str | Path) -> Path:
-    """Write one JSON record (parents created)."""
+    """Write one JSON record (parents created; atomically, so a full disk never leaves half a record)."""
+    from data_prep.errors import write_text_atomic
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, default=_json_default))
+    write_text_atomic(path, json.dumps(record, indent=1, default=_json_default), what="evaluation record",
+                      elsewhere="pass an --out on a larger disk", then="rerun the same command")
     return path
 
 

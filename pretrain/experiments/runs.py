@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass
@@ -88,11 +89,30 @@ def _state(status: dict | None, iteration: int, train_iters: int | None, stale_a
     return "failed", f"no heartbeat from {status.get('host')} for {(age or 0) / 3600:.1f} h"
 
 
+def _without_status(problem: str, run_dir: Path, iteration: int, train_iters: int | None) -> tuple[str, str]:
+    """State of a run whose status.json is damaged: from its checkpoints and its run lock, saying so."""
+    from pretrain.trainer.metrics import STATUS_FILE
+
+    basis = f"{STATUS_FILE} is damaged ({problem}); state inferred from the checkpoints (newest complete: " \
+            f"iteration {iteration} of {train_iters if train_iters is not None else '?'})"
+    if train_iters is not None and iteration >= train_iters:
+        return "finished", basis
+    try:  # the trainer's lock file: "PID <pid> on <host> since <time>"
+        pid, host = re.match(r"PID (\d+) on (\S+)", (run_dir / ".lock").read_text()).groups()
+    except (OSError, AttributeError):
+        return "failed", f"{basis} and the run lock (none): not finished, not running"
+    if host == socket.gethostname() and _process_alive(int(pid)):
+        return "running", f"{basis} and the run lock (pid {pid} alive)"
+    if host != socket.gethostname():
+        return "failed", f"{basis}: not finished; cannot tell whether pid {pid} on {host} still runs"
+    return "failed", f"{basis} and the run lock (pid {pid} gone): not finished, not running"
+
+
 def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = STALE_AFTER_S) -> Run:
     """Size, method, seed, iteration and state of one run directory."""
     from pretrain.trainer import config as config_module
     from pretrain.trainer.checkpoint import latest_iteration
-    from pretrain.trainer.metrics import read_status
+    from pretrain.trainer.metrics import read_status, status_problem
 
     name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
     iteration = latest_iteration(run_dir) or 0
@@ -102,7 +122,11 @@ def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = 
     except (ValueError, TypeError, yaml.YAMLError) as error:
         return Run(run_dir, name, "?", "?", None, iteration, None, "failed", f"config.yaml unreadable: {error}")
     train_iters = config.train_iters()
-    state, detail = _state(status, iteration, train_iters, stale_after_s)
+    problem = status_problem(run_dir)
+    if problem:
+        state, detail = _without_status(problem, run_dir, iteration, train_iters)
+    else:
+        state, detail = _state(status, iteration, train_iters, stale_after_s)
     return Run(run_dir, name, size_name(config.model), method_name(config.positions, config.model.seq_length),
                config.seed, iteration, train_iters, state, detail, config)
 

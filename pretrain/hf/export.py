@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from data_prep.errors import human_bytes, naming_output
 from megatron_ext.model import ModelConfig
 from megatron_ext.positions import RopeScaling
 from pretrain.hf.model_card import model_card
@@ -273,17 +274,25 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     hf = hf.to(getattr(torch, dtype))
 
     tmp = output.with_name(output.name + ".tmp-export")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    hf.save_pretrained(tmp, max_shard_size=max_shard_size)
-    # transformers 5.x serialises only rope_parameters: add the 4.x fields (see pretrain.hf.rope).
-    config_file = tmp / "config.json"
-    config = json.loads(config_file.read_text())
-    config.update(hf_rope_fields(train_config.model, scaling))
-    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    source.write(tmp)
-    (tmp / "README.md").write_text(model_card(train_config, record, scaling, eval_length))
-    publish(tmp, output)
+    weights = sum(t.numel() * t.element_size() for t in hf.state_dict().values())
+    try:
+        with naming_output(output, what="the Hugging Face export", needed=f"about {human_bytes(weights)} of weights",
+                           done=f"removed the partial {tmp.name}", elsewhere="pass an --output on a larger disk",
+                           then="rerun the same command (an existing --overwrite target is replaced only at the end)"):
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            hf.save_pretrained(tmp, max_shard_size=max_shard_size)
+            # transformers 5.x serialises only rope_parameters: add the 4.x fields (see pretrain.hf.rope).
+            config_file = tmp / "config.json"
+            config = json.loads(config_file.read_text())
+            config.update(hf_rope_fields(train_config.model, scaling))
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            source.write(tmp)
+            (tmp / "README.md").write_text(model_card(train_config, record, scaling, eval_length))
+            publish(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return output
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from data_prep.errors import naming_output
 from megatron_ext.model import ModelConfig
 from pretrain.hf.export import check_output, publish
 from pretrain.hf.rope import rope_from_hf_config
@@ -165,16 +166,20 @@ def import_hf(hf_dir: str | Path, output: str | Path, *, tensor_parallel: int = 
             engine.optimizer.reload_model_params()  # fp32 main copies of bf16 weights
         state = {"config": config_module.to_dict(train_config), "consumed_samples": 0,
                  "imported_from": str(hf_dir.resolve()), **_tokenizer_record(hf_dir, hf_config, output)}
-        if dist.get_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            _copy_side_files(hf_dir, tmp / "tokenizer")
-        dist.barrier()
-        ckpt.save(tmp, 0, engine, state, keep_last=1)
-        if dist.get_rank() == 0:
-            (tmp / "config.yaml").write_text(config_module.dump(train_config))
-            publish(tmp, output)
-        dist.barrier()
+        # a write fault (also the one ckpt.save describes for training runs) is told in import-hf's terms
+        with naming_output(output, what="the imported checkpoint", done=f"removed the partial {tmp.name}",
+                           elsewhere="pass an --output on a larger disk",
+                           then="rerun the same command (an existing --overwrite target is replaced only at the end)"):
+            if dist.get_rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                _copy_side_files(hf_dir, tmp / "tokenizer")
+            dist.barrier()
+            ckpt.save(tmp, 0, engine, state, keep_last=1)
+            if dist.get_rank() == 0:
+                (tmp / "config.yaml").write_text(config_module.dump(train_config))
+                publish(tmp, output)
+            dist.barrier()
     except BaseException:
         if dist.get_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)

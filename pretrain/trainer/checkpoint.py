@@ -18,6 +18,7 @@ is decided in `pretrain.trainer.run_dir` (re-exported here). Weights holding NaN
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,10 +31,11 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from pretrain.trainer.run_dir import (LATEST, STATE, CheckpointError,  # noqa: F401 (re-exported)
+from data_prep.errors import OutputError, human_bytes, output_error, probe_fault, write_fault
+from pretrain.trainer.run_dir import (LATEST, MOVE_RUN, STATE, CheckpointError,  # noqa: F401 (re-exported)
                                       DamagedCheckpointError, Resume, RunLock, any_rank, checkpoints, file_record,
                                       iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
-                                      read_train_state, resolve, set_aside_newer, verify)
+                                      read_train_state, resolve, resume_hint, run_output, set_aside_newer, verify)
 
 # Reaches into Megatron-Core internals (checked against megatron-core 0.16.1):
 # - dist_checkpointing.strategies.filesystem_async._get_write_results_queue (private): the first
@@ -41,6 +43,15 @@ from pretrain.trainer.run_dir import (LATEST, STATE, CheckpointError,  # noqa: F
 #   USR1/TERM to every process of a job step, so that process died on preemption and the save the
 #   signal asked for failed (BrokenPipeError). It is started here with those signals blocked; a
 #   child inherits the blocked mask, so the signal reaches only the trainer, which saves and exits.
+
+class _ReportedBySave(logging.Filter):
+    """Drops Megatron's log line for a failed checkpoint writer: save() raises it as one clear error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Local process ")
+
+
+logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async").addFilter(_ReportedBySave())
 
 RNG_FORMAT = 2  # before: random/numpy getstate() tuples (numpy arrays need Megatron's safe globals)
 log = logging.getLogger("pretrain.checkpoint")
@@ -177,8 +188,13 @@ def _start_writer_process_shielded() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int) -> Path:
-    """Collective: write checkpoint `iteration` atomically, then prune to the newest `keep_last`."""
+def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int, *,
+         run_dir_exists: bool = False) -> Path:
+    """Collective: write checkpoint `iteration` atomically, then prune to the newest `keep_last`.
+
+    A write fault on any rank (full disk, read-only or removed run directory) raises one
+    CheckpointSaveError on every rank, after the partial iter_N.tmp is removed. With
+    `run_dir_exists` (a training run, which made it) a vanished run directory is not recreated."""
     from megatron.core import dist_checkpointing
 
     _start_writer_process_shielded()
@@ -191,31 +207,111 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
     if not weights_finite(engine.chunks):
         raise NonFiniteWeightsError(f"the weights at iteration {iteration} hold NaN or inf: not saving them; "
                                     f"the checkpoints in {run_dir} are untouched")
-    if _rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+
+    def make_tmp() -> None:
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=not run_dir_exists)
+
+    def write_shards() -> None:
+        model_state = engine.sharded_state_dict()
+        state = {"model": model_state,
+                 "optimizer": engine.optimizer.sharded_state_dict(model_state, metadata=_optimizer_metadata(engine))}
+        dist_checkpointing.save(state, str(tmp))
+        (tmp / "rng").mkdir(exist_ok=True)
+        torch.save(_rng_state(), tmp / "rng" / f"rank_{_rank():05d}.pt")
+
+    def commit() -> None:
+        if _rank() == 0:
+            record = dict(train_state, iteration=iteration, scheduler=engine.scheduler.state_dict(), layout=_layout(),
+                          use_distributed_optimizer=engine.parallel.use_distributed_optimizer, files=files)
+            _write_durably(tmp / STATE, json.dumps(record, indent=1, default=str))
+            os.replace(tmp, final)  # the commit point: an iter_* directory is complete by construction
+            _fsync_dir(run_dir)
+            marker_tmp = run_dir / f"{LATEST}.tmp"
+            _write_durably(marker_tmp, str(iteration))
+            os.replace(marker_tmp, run_dir / LATEST)
+            _fsync_dir(run_dir)
+            _prune(run_dir, keep_last)
+
+    _on_every_rank(make_tmp, run_dir, iteration)
     _barrier()
-    model_state = engine.sharded_state_dict()
-    state = {"model": model_state,
-             "optimizer": engine.optimizer.sharded_state_dict(model_state, metadata=_optimizer_metadata(engine))}
-    dist_checkpointing.save(state, str(tmp))
-    (tmp / "rng").mkdir(exist_ok=True)
-    torch.save(_rng_state(), tmp / "rng" / f"rank_{_rank():05d}.pt")
+    _on_every_rank(write_shards, run_dir, iteration)
     _barrier()
-    files = _files_record(tmp)
-    if _rank() == 0:
-        record = dict(train_state, iteration=iteration, scheduler=engine.scheduler.state_dict(), layout=_layout(),
-                      use_distributed_optimizer=engine.parallel.use_distributed_optimizer, files=files)
-        _write_durably(tmp / STATE, json.dumps(record, indent=1, default=str))
-        os.replace(tmp, final)  # the commit point: an iter_* directory is complete by construction
-        _fsync_dir(run_dir)
-        marker_tmp = run_dir / f"{LATEST}.tmp"
-        _write_durably(marker_tmp, str(iteration))
-        os.replace(marker_tmp, run_dir / LATEST)
-        _fsync_dir(run_dir)
-        _prune(run_dir, keep_last)
+    files: dict = {}
+    _on_every_rank(lambda: files.update(_files_record(tmp)), run_dir, iteration)
+    _on_every_rank(commit, run_dir, iteration)
     _barrier()
     return final
+
+
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written: full disk, read-only or removed run directory."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.errno = code  # the write fault, for callers that re-describe it (import-hf)
+
+
+def _on_every_rank(step, run_dir: Path, iteration: int) -> None:
+    """Collective: run `step` on every rank; a write fault on any rank raises one CheckpointSaveError on all.
+
+    Megatron's save raises on every rank when any rank's writer failed, but only the coordinator's
+    exception names the failure, hence the agreement; other errors propagate as they are."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    error, code = None, None
+    try:
+        step()
+    except (Exception, CheckpointException) as caught:  # (torch's CheckpointException is a BaseException)
+        # torch's zip writer reports a full disk without an errno: then the disk itself is asked
+        tmp = Path(f"{iteration_dir(run_dir, iteration)}.tmp")
+        code = write_fault(caught) or probe_fault(tmp if tmp.is_dir() else run_dir)
+        if code is None and not isinstance(caught, CheckpointException):
+            raise
+        error = caught
+    if not any_rank(error is not None):
+        return
+    codes = torch.tensor([float(code or 0)])
+    if dist.is_initialized():
+        dist.all_reduce(codes, op=dist.ReduceOp.MAX)
+    if not codes.item():  # no rank saw a write fault: not ours to explain
+        if error is not None:
+            raise error
+        raise CheckpointError(f"checkpoint {iteration} could not be saved: another rank failed (see its error)")
+    message = [None]
+    if _rank() == 0:
+        message = [str(_save_failed(run_dir, iteration, int(codes.item())))]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(message, src=0)
+    raise CheckpointSaveError(message[0], int(codes.item())) from None
+
+
+def _save_failed(run_dir: Path, iteration: int, code: int) -> OutputError:
+    """Remove what a failed save left and describe it: space needed vs free, the newest complete checkpoint."""
+    tmp = Path(f"{iteration_dir(run_dir, iteration)}.tmp")
+    existed = tmp.is_dir()
+    written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if existed else 0
+    shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.suppress(OSError):  # a read-only directory keeps what it has
+        (run_dir / f"{LATEST}.tmp").unlink(missing_ok=True)
+    latest = latest_iteration(run_dir)
+    removed = (f"removed the partial {tmp.name}" if not tmp.exists() else f"could not remove {tmp}") if existed else ""
+    if latest is not None and latest != iteration:
+        try:
+            size = sum(f["bytes"] for f in json.loads((iteration_dir(run_dir, latest) / STATE).read_text())["files"]
+                       .values())
+            needed = f"about {human_bytes(size)}, the size of iteration {latest}'s checkpoint"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            needed = None
+        kept = f"{iteration_dir(run_dir, latest).name} is still the newest complete checkpoint"
+    else:
+        needed, kept = None, "no earlier checkpoint exists" if latest is None else ""
+    if needed is None and written:
+        needed = f"more than the {human_bytes(written)} written before the failure"
+    return output_error(code, iteration_dir(run_dir, iteration), what=f"checkpoint {iteration}", needed=needed,
+                        done=", ".join(x for x in (removed, kept) if x), elsewhere=MOVE_RUN,
+                        then=resume_hint(run_dir))
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:

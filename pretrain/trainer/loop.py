@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from data_prep.errors import FULL_OR_READ_ONLY, OutputError
 from megatron_ext.positions import build_sampler
 from pretrain.trainer import checkpoint, distributed
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
@@ -70,8 +71,9 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
     if rank == 0:
         for note in resume.notes:
             print(f"resume: {note}", flush=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump(config))
+        with checkpoint.run_output(run_dir, run_dir / "config.yaml", "the resolved config"):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text(dump(config))
         print(f"config: {config_summary(config)} (resolved config saved to {run_dir / 'config.yaml'})", flush=True)
         print(f"model: {config.model.non_embedding_parameters() / 1e6:.2f}M non-embedding parameters, "
               f"{config.model.total_parameters(config.parallel.tensor_model_parallel_size) / 1e6:.2f}M total; "
@@ -108,14 +110,16 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
         train_data = SyntheticTokens(config.model.vocab_size, seq, config.seed, total_iters * gbs)
         valid_data = SyntheticTokens(config.model.vocab_size, seq, config.seed + 1, eval_batches * gbs)
     else:
-        train_data, valid_data = build_datasets(config.data.data_path, seq, config.seed, total_iters * gbs,
-                                                eval_batches * gbs, run_dir / "data_cache")
+        with checkpoint.run_output(run_dir, run_dir / "data_cache", "the dataset index cache",
+                                   faults=FULL_OR_READ_ONLY):  # the block reads the shards too
+            train_data, valid_data = build_datasets(config.data.data_path, seq, config.seed, total_iters * gbs,
+                                                    eval_batches * gbs, run_dir / "data_cache")
 
     def save(iteration: int) -> None:
         engine.sync_params()  # overlap_param_gather defers the last update's all-gather
         checkpoint.save(run_dir, iteration, engine,
                         {"config": to_dict(config), "consumed_samples": iteration * gbs},
-                        keep_last=config.checkpoint.keep_last)
+                        keep_last=config.checkpoint.keep_last, run_dir_exists=True)
 
     metrics = Metrics(config, total_iters, start)
     exit_code = 0
@@ -230,3 +234,6 @@ def main(argv: list[str]) -> int:
     except (TrainingStopped, checkpoint.NonFiniteWeightsError) as error:
         _print_error(error)
         return 1
+    except OutputError as error:  # a write fault met by this rank alone (status.json, TensorBoard): say it here
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2

@@ -8,19 +8,28 @@ and returns None from then on, so no console line and no scalar writer ever gets
 
 from __future__ import annotations
 
+# Reaches into a library's internals (checked against tensorboard 2.20):
+# - the class name of tensorboard's event writer thread (_AsyncWriterThread): its write error is
+#   handed to the main thread (reported as one line, see Metrics._tensorboard) and also re-raised in
+#   the thread, whose traceback threading.excepthook would print; only that duplicate is dropped.
+
+import contextlib
 import json
 import math
 import os
 import socket
 import sys
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from data_prep.errors import OutputError, write_fault
 from pretrain.console import Progress, format_duration
 from pretrain.trainer.peak import Peak, device_peak, forget, plausible_mfu
+from pretrain.trainer.run_dir import run_output
 
 STATUS_FILE = "status.json"
 RUN_STATES = ("running", "finished", "stopped", "failed")
@@ -55,8 +64,13 @@ def write_status(run_dir: str | Path, state: str, iteration: int, train_iters: i
               "host": socket.gethostname(), "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               **extra}
     tmp = run_dir / f"{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, run_dir / STATUS_FILE)
+    try:
+        with run_output(run_dir, run_dir / STATUS_FILE, "the run's status file"):
+            tmp.write_text(json.dumps(record, indent=1))
+            os.replace(tmp, run_dir / STATUS_FILE)
+    finally:
+        with contextlib.suppress(OSError):  # nothing half-written stays behind
+            tmp.unlink(missing_ok=True)
 
 
 def read_status(run_dir: str | Path) -> dict | None:
@@ -66,6 +80,41 @@ def read_status(run_dir: str | Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _drop_writer_thread_tracebacks() -> None:
+    """Silence the TensorBoard writer thread's own traceback of a write fault (the main thread reports it)."""
+    previous = threading.excepthook
+    if getattr(previous, "drops_writer_faults", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and write_fault(args.exc_value) is not None:
+            return
+        previous(args)
+
+    hook.drops_writer_faults = True
+    threading.excepthook = hook
+
+
+def status_problem(run_dir: str | Path) -> str | None:
+    """Why the run's status.json cannot be trusted (empty, not JSON, no known state), or None (fine or absent)."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"unreadable ({os.strerror(error.errno) if error.errno else error})"
+    if not text.strip():
+        return "empty"
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return "not valid JSON (truncated or overwritten)"
+    if not isinstance(record, dict) or record.get("state") not in RUN_STATES:
+        return f"holds no known state (one of {', '.join(RUN_STATES)})"
+    return None
 
 
 class Metrics:
@@ -80,8 +129,17 @@ class Metrics:
         if self.rank == self.world - 1:
             from torch.utils.tensorboard import SummaryWriter
 
-            tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
-            self.writer = SummaryWriter(log_dir=tb_dir)
+            self.tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
+            _drop_writer_thread_tracebacks()
+            try:
+                with self._tensorboard():
+                    self.writer = SummaryWriter(log_dir=self.tb_dir)
+            except OutputError as error:  # before the loop's `finally` exists: record the failure here
+                if self.rank == 0:
+                    with contextlib.suppress(OutputError):
+                        write_status(self.run_dir, "failed", start, total_iters,
+                                     error=f"{type(error).__name__}: {error}"[:1000])
+                raise
         self.peak = _shared_peak(config, self.rank)
         self.mfu_dropped = False
         self.flops_per_token = config.model.flops_per_token()
@@ -94,9 +152,16 @@ class Metrics:
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Write scalars to TensorBoard (last rank only)."""
         if self.writer is not None:
-            for name, value in values.items():
-                if value is not None and math.isfinite(value):
-                    self.writer.add_scalar(name, value, step)
+            with self._tensorboard():
+                for name, value in values.items():
+                    if value is not None and math.isfinite(value):
+                        self.writer.add_scalar(name, value, step)
+                self.writer.flush()  # a full disk shows at this step, not minutes later in a background thread
+
+    def _tensorboard(self):
+        """Write faults of the TensorBoard writer become one OutputError naming its directory and the fix."""
+        return run_output(self.run_dir, self.tb_dir, "TensorBoard events",
+                          elsewhere="pass --set logging.tensorboard_dir=<a directory on a larger disk>")
 
     def console(self, text: str) -> None:
         """One persistent line on rank 0."""
@@ -147,17 +212,30 @@ class Metrics:
 
     def close(self) -> None:
         """Flush TensorBoard and record the final state (failed when an exception is propagating)."""
+        failure = propagating = sys.exc_info()[1]  # close() runs in the loop's `finally`
         if self.writer is not None:
-            self.writer.close()
+            writer, self.writer = self.writer, None
+            try:
+                with self._tensorboard():
+                    writer.close()
+            except OutputError as error:
+                failure = failure or error
         self.progress.close()
-        if self.rank != 0:
-            return
-        from pretrain.trainer.checkpoint import latest_iteration
+        if self.rank == 0:
+            from pretrain.trainer.checkpoint import latest_iteration
 
-        error = sys.exc_info()[1]  # close() runs in the loop's `finally`
-        saved = latest_iteration(self.run_dir) or 0
-        if error is not None:
-            state, extra = "failed", {"error": f"{type(error).__name__}: {error}"[:500]}
-        else:
-            state, extra = ("finished" if saved >= self.total_iters else "stopped"), {}
-        write_status(self.run_dir, state, self.iteration, self.total_iters, checkpoint_iteration=saved, **extra)
+            saved = latest_iteration(self.run_dir) or 0
+            if failure is not None:
+                state, extra = "failed", {"error": f"{type(failure).__name__}: {failure}"[:1000]}
+            else:
+                state, extra = ("finished" if saved >= self.total_iters else "stopped"), {}
+            try:
+                write_status(self.run_dir, state, self.iteration, self.total_iters, checkpoint_iteration=saved,
+                             **extra)
+            except OutputError as error:
+                if failure is None:
+                    raise
+                print(f"warning: the failure could not be recorded in {STATUS_FILE}: {error}", file=sys.stderr,
+                      flush=True)
+        if failure is not None and failure is not propagating:
+            raise failure

@@ -18,18 +18,23 @@ import re
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from data_prep.errors import WRITE_FAULTS, OutputError, naming_output
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "train_state.json"
 _ITER = re.compile(r"iter_(\d{7})")
 FRESH_START = ("pass --set checkpoint.save=<new run dir> to start the run elsewhere, or --set "
                "checkpoint.overwrite=true to delete what is left of the old run and start over in it")
+MOVE_RUN = ("move the run directory to a larger disk and pass --set checkpoint.save=<its new path> (or "
+            "logging.tensorboard_dir=<elsewhere> for the TensorBoard files)")
 log = logging.getLogger("pretrain.checkpoint")
 T = TypeVar("T")
 
@@ -153,9 +158,10 @@ def plan_resume(run_dir: str | Path, *, overwrite: bool = False) -> Resume:
             resume.notes.append(f"{LATEST} names iteration {named}; the newest intact checkpoint is {newest}")
         return resume
     if (damaged or has_marker) and overwrite:
-        for _, path in found:
-            shutil.rmtree(path)
-        (run_dir / LATEST).unlink(missing_ok=True)
+        with run_output(run_dir, run_dir, "checkpoint.overwrite=true, deleting the previous run"):
+            for _, path in found:
+                shutil.rmtree(path)
+            (run_dir / LATEST).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
         return Resume(notes=[f"checkpoint.overwrite=true: deleted the damaged checkpoints "
                              f"({', '.join(p.name for _, p in found) or 'none'}), {LATEST} and TensorBoard "
@@ -179,9 +185,29 @@ def set_aside_newer(run_dir: str | Path, iteration: int) -> list[str]:
             target, n = path.with_name(f"{path.name}.damaged"), 1
             while target.exists():
                 target, n = path.with_name(f"{path.name}.damaged{n}"), n + 1
-            os.replace(path, target)
+            with run_output(run_dir, path, f"setting the damaged {path.name} aside"):
+                os.replace(path, target)
             notes.append(f"moved the damaged {path.name} to {target.name} (delete it when no longer needed)")
     return notes
+
+
+def resume_hint(run_dir: str | Path) -> str:
+    """How a run continues once its disk is fixed: from its newest complete checkpoint, or from the start."""
+    latest = latest_iteration(run_dir)
+    if latest is None:
+        return "rerun the same command (no checkpoint was completed yet: the run starts from the beginning)"
+    return (f"rerun the same command to resume from iteration {latest} "
+            f"({iteration_dir(Path(run_dir), latest).name}, the newest complete checkpoint)")
+
+
+@contextmanager
+def run_output(run_dir: str | Path, path: str | Path, what: str, elsewhere: str = MOVE_RUN,
+               faults: frozenset[int] = WRITE_FAULTS) -> Iterator[None]:
+    """A write fault (full disk, read-only or removed directory) inside the block becomes one OutputError
+    naming `what` at `path`, the fix and where the run resumes. Every writer of a training run uses it:
+    run lock, config.yaml, status.json, checkpoints, TensorBoard and W&B files."""
+    with naming_output(path, what=what, elsewhere=elsewhere, then=lambda: resume_hint(run_dir), faults=faults):
+        yield
 
 
 def latest_iteration(run_dir: str | Path) -> int | None:
@@ -244,8 +270,9 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock, or raise CheckpointError naming the PID and host holding it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
+        with run_output(self.path.parent, self.path, "run lock"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -253,25 +280,30 @@ class RunLock:
             handle.close()
             raise CheckpointError(f"run directory {self.path.parent} is in use by another training run ({holder}); "
                                   "wait for it to finish, or pass --set checkpoint.save=<another run dir>") from None
-        handle.truncate(0)
-        handle.write(f"PID {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        handle.flush()
-        self._handle = handle
+        self._handle = handle  # held (and released) even when the PID line below cannot be written
+        with run_output(self.path.parent, self.path, "run lock"):
+            handle.truncate(0)
+            handle.write(f"PID {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            handle.flush()
 
     def release(self) -> None:
         """Drop the lock (the file stays: unlinking it would race with a run about to lock it)."""
         if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+            handle, self._handle = self._handle, None
+            try:
+                handle.close()
+            except OSError:  # the PID line's flush on a full disk; the kernel drops the flock anyway
+                pass
 
 
 def on_rank0(function: Callable[[], T]) -> T:
-    """Collective: run `function` on rank 0 alone; every rank returns its result or raises its CheckpointError."""
+    """Collective: run `function` on rank 0 alone; every rank returns its result or raises its CheckpointError
+    (an OutputError of rank 0 becomes a CheckpointError with the same message)."""
     outcome: list = [None, None]
     if rank() == 0:
         try:
             outcome = [function(), None]
-        except CheckpointError as error:
+        except (CheckpointError, OutputError) as error:
             outcome = [None, str(error)]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(outcome, src=0)
