@@ -18,10 +18,15 @@ from pathlib import Path
 
 import torch
 
+from data_prep.errors import OutputError, write_text_atomic
 from pretrain.experiments.presets import INFERENCE, PRESETS, TRAINING_METHODS, Preset
 from pretrain.table import METHODS
 from pretrain.trainer import config as config_module
 from pretrain.trainer.config import TrainConfig
+
+_ELSEWHERE = {"elsewhere": "pass an --output on a larger disk", "then": "rerun the same command (finished runs "
+              "and evaluations are kept)"}
+
 
 def _log(message: str) -> None:
     print(f"[reproduce] {message}", flush=True)
@@ -98,8 +103,8 @@ def train_runs(out: Path, preset: Preset, seeds: list[int], data_prefix: str) ->
         _log(f"[{index}/{len(runs)}] training {name} ({iters} steps)"
              + (f"; ETA for the remaining {remaining} runs {eta / 60:.1f} min" if eta else ""))
         config_file = out / "configs" / f"{name}.yaml"
-        config_file.parent.mkdir(parents=True, exist_ok=True)
-        config_file.write_text(config_module.dump(train_config(preset, method, seed, data_prefix, run_dir)))
+        write_text_atomic(config_file, config_module.dump(train_config(preset, method, seed, data_prefix, run_dir)),
+                          what="run config", **_ELSEWHERE)
         proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)])
         if proc.returncode != 0:
             raise RuntimeError(f"training {name} failed with exit code {proc.returncode} (config {config_file})")
@@ -145,12 +150,14 @@ def evaluate_runs(out: Path, preset: Preset, runs: dict[str, Path], seeds: list[
     for index, (label, seed, run_dir, kind) in enumerate(jobs, 1):
         path = out / "eval" / f"{label}_s{seed}.json"
         if path.is_file():
-            records.append(json.loads(path.read_text()))
-            continue
+            try:
+                records.append(json.loads(path.read_text()))
+                continue
+            except ValueError:  # a half-written record (from before records were written atomically): redo it
+                _log(f"{path} is damaged (not valid JSON): evaluating again")
         started = time.time()
         record = evaluate_run(run_dir, label, seed, preset, spans, rope_scaling=kind)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record))
+        write_text_atomic(path, json.dumps(record), what="evaluation record", **_ELSEWHERE)
         records.append(record)
         cliff = record["lengths"][str(preset.eval_length)]["cliff"]
         _log(f"[eval {index}/{len(jobs)}] {label} seed {seed}: cliff {cliff['cliff']:.3f} "
@@ -246,7 +253,7 @@ def main(argv: list[str]) -> int:
     try:
         preset = with_methods(PRESETS[args.preset], args.methods)
         reproduce(Path(args.output), preset, seeds, args.corpus, preset_name=args.preset)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -264,9 +264,10 @@ def _on_every_rank(step, run_dir: Path, iteration: int) -> None:
     try:
         step()
     except (Exception, CheckpointException) as caught:  # (torch's CheckpointException is a BaseException)
-        # torch's zip writer reports a full disk without an errno: then the disk itself is asked
+        # torch's zip writer reports a full disk without an errno ("unexpected pos"): then the disk is asked
         tmp = Path(f"{iteration_dir(run_dir, iteration)}.tmp")
-        code = write_fault(caught) or probe_fault(tmp if tmp.is_dir() else run_dir)
+        code = write_fault(caught) or (probe_fault(tmp if tmp.is_dir() else run_dir)
+                                       if isinstance(caught, (OSError, RuntimeError, CheckpointException)) else None)
         if code is None and not isinstance(caught, CheckpointException):
             raise
         error = caught

@@ -82,6 +82,22 @@ def test_full_disk_while_saving_a_checkpoint_is_one_line_exit_2_and_keeps_the_pr
     assert " failed " in listed and "checkpoint 4" in listed and "No space left on device" in listed
 
 
+@pytest.mark.slow  # trains under torchrun
+def test_full_disk_under_two_ranks_is_one_line_and_every_rank_agrees(two_step_run, small_disk):
+    disk = small_disk("4m")
+    run_dir = disk.path / "run"
+    shutil.copytree(two_step_run, run_dir)
+    before = {k: v for k, v in file_hashes(run_dir).items() if k.startswith("iter_0000002/")}
+    proc = run_train([*RUN, "schedule.train_iters=4", f"checkpoint.save={run_dir}"], nproc=2, check=False)
+    # torchrun itself turns a worker's exit 2 into its own exit 1 and failure summary; the workers say one line
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "checkpoint 4" in errors[0] and "No space left on device" in errors[0], proc.stderr
+    assert "CheckpointException" not in proc.stderr and "[rank" not in proc.stderr
+    assert leftovers(run_dir) == []
+    assert {k: v for k, v in file_hashes(run_dir).items() if k.startswith("iter_0000002/")} == before
+
+
 @pytest.mark.slow  # trains
 def test_full_disk_at_the_first_checkpoint_says_the_run_starts_over(small_disk):
     disk = small_disk("2m")  # less than one checkpoint
