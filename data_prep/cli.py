@@ -33,6 +33,11 @@ def _build_parser() -> argparse.ArgumentParser:
                         "strip the ends); auto (default) = owt for OpenWebText archives, none for everything else")
     b.add_argument("--no-append-eod", dest="append_eod", action="store_false", help="do not end documents with EOD")
     b.add_argument("--eod-token", default=None, help="end-of-document token (default: found in the tokenizer)")
+    b.add_argument("--special-tokens", default="text", choices=("text", "honour"),
+                   help="a special token's string (<|endoftext|>, <|im_start|>) inside a document: text (default) = "
+                        "tokenised as plain text, as Megatron-LM's preprocess_data.py does with GPT2BPETokenizer; "
+                        "honour = encoded as the special token's id (tokenizer.json only), as Megatron-LM's "
+                        "HuggingFaceTokenizer (transformers) does")
     b.add_argument("--strict", action="store_true", help="fail on the first bad document instead of skipping it")
     b.add_argument("--force", action="store_true", help="rebuild even if complete outputs exist")
     b.add_argument("--mpi", dest="use_mpi", action="store_true", default=None,

@@ -31,6 +31,7 @@ class BuildConfig:
     normalize: str = "auto"  # "auto": the OpenWebText rule for OWT archives, text as is for every other format
     append_eod: bool = True
     eod_token: Optional[str] = None
+    special_tokens: str = "text"  # a special token's string in a document: "text" (plain text) or "honour"
     strict: bool = False
     force: bool = False
     chunk_bytes: int = 4 << 20
@@ -44,8 +45,8 @@ class BuildConfig:
         return {
             "num_shards": self.num_shards, "valid_fraction": self.valid_fraction, "valid_docs": self.valid_docs,
             "seed": self.seed, "jsonl_key": self.jsonl_key, "format": self.fmt, "normalize": self.normalize,
-            "append_eod": self.append_eod, "eod_token": self.eod_token, "strict": self.strict,
-            "chunk_bytes": self.chunk_bytes,
+            "append_eod": self.append_eod, "eod_token": self.eod_token, "special_tokens": self.special_tokens,
+            "strict": self.strict, "chunk_bytes": self.chunk_bytes,
         }
 
 

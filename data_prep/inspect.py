@@ -25,6 +25,19 @@ def _prefixes(prefix: str) -> tuple[list[str], Optional[dict]]:
     raise FileNotFoundError(f"{prefix}: neither a manifest ({manifest_path(prefix)}) nor a .bin/.idx pair")
 
 
+def _encoder_line(man: dict) -> str:
+    """Which encoder produced the shards, as the manifest records it (older manifests did not)."""
+    tok = man["tokenizer"]
+    backend = tok.get("backend")
+    if backend is None:
+        return "encoder: not recorded (manifest written before data_prep recorded it)"
+    special = man.get("settings", {}).get("special_tokens", "text")
+    if backend == "tiktoken":
+        return f"encoder: fast BPE (tiktoken), checked exact against tokenizers; special tokens in text: {special}"
+    reason = f" (fast path not used: {tok['fallback_reason']})" if tok.get("fallback_reason") else ""
+    return f"encoder: {backend}{reason}; special tokens in text: {special}"
+
+
 def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 200) -> int:
     """Print a report; returns the number of problems found (0 = all shards consistent)."""
     from data_prep.checksums import matches_checksums
@@ -47,6 +60,7 @@ def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 2
         d = man["documents"]
         print(f"manifest: {d['read']} documents read = {d['written']} written + {d['skipped']} skipped "
               f"{man['skipped_by_reason']}; tokenizer {man['tokenizer']['kind']} {man['tokenizer']['path']}")
+        print(_encoder_line(man))
     for p in prefixes:
         issues = check_pair(p)
         if man:

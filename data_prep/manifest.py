@@ -56,6 +56,9 @@ class Manifest:
     num_train_documents: int = 0
     num_valid_documents: int = 0
     fingerprint: str = ""
+    encoder: str = ""  # library that produced the ids: "tiktoken" (exact fast BPE), "tokenizers", "sentencepiece"
+    encoder_fallback_reason: str = ""  # why the fast BPE encoder was not used ("" when it was, or never applies)
+    special_tokens: str = "text"  # a special token's string in a document: "text" or "honour" (--special-tokens)
 
     @classmethod
     def from_dict(cls, d: dict, base_dir: str, path: str = "") -> "Manifest":
@@ -84,6 +87,9 @@ class Manifest:
             num_train_documents=int(sum(s["documents"] for s in d["shards"])),
             num_valid_documents=int(d["valid"]["documents"]),
             fingerprint=d.get("fingerprint", ""),
+            encoder=tok.get("backend", ""),
+            encoder_fallback_reason=tok.get("fallback_reason", ""),
+            special_tokens=d.get("settings", {}).get("special_tokens", "text"),
         )
 
     @property
@@ -107,6 +113,8 @@ class Manifest:
             args += ["--seed", str(settings["seed"])]
         if settings.get("normalize") not in (None, "auto"):
             args += ["--normalize", settings["normalize"]]
+        if settings.get("special_tokens") not in (None, "text"):
+            args += ["--special-tokens", settings["special_tokens"]]
         return shlex.join(args)
 
     def verify_shards(self, checksums: bool = False) -> None:

@@ -21,6 +21,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 
 from data_prep.assemble_stage import assemble, choose_valid, completed_output_entry, num_valid_documents
+from data_prep.bpe_fast import sample_texts
 from data_prep.checksums import matches_checksums
 from data_prep.config import BuildConfig, BuildPlan
 from data_prep.dist import Comm, get_comm
@@ -117,8 +118,10 @@ def _build(cfg: BuildConfig, comm: Comm) -> dict:
 def _make_plan(cfg: BuildConfig) -> BuildPlan:
     if cfg.num_shards < 1:
         raise DataError(f"--num-shards {cfg.num_shards}: must be >= 1")
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.eod_token)
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.eod_token, cfg.special_tokens)
     units = plan_units(cfg.inputs, cfg.fmt, cfg.jsonl_key, cfg.chunk_bytes, cfg.normalize)
+    if tokenizer.backend == "tiktoken":  # exactness checked on this input, not assumed
+        tokenizer.check_fast_path(sample_texts(units))
     state = build_state(MANIFEST_VERSION, cfg.output_settings(), tokenizer.sha256, units)
     return BuildPlan(tokenizer, units, state, fingerprint(state), _work_dir(cfg.output_prefix))
 

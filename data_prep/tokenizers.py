@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import json
 import os
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from data_prep.checksums import sha256_files
 from data_prep.errors import one_line
@@ -41,6 +41,17 @@ class Tokenizer(abc.ABC):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids (special tokens kept)."""
 
+    backend = "tokenizers"  # the library that encodes
+    fallback_reason = ""  # why a faster encoder is not used ("" when none was tried or it is used)
+
+    def check_fast_path(self, texts: list[str]) -> Optional[str]:
+        """Check a fast encoder against the reference on `texts` (drop it on a difference); None when exact."""
+        return None
+
+    def describe_encoder(self) -> str:
+        """One line: which encoder runs."""
+        return f"encoder: {self.backend}"
+
     @property
     def sha256(self) -> str:
         """Hash of the tokenizer file(s), recorded in the manifest."""
@@ -58,27 +69,76 @@ class Tokenizer(abc.ABC):
 
 
 class HFTokenizer(Tokenizer):
-    """A `tokenizers` Tokenizer: from tokenizer.json, or assembled from GPT-2 vocab.json + merges.txt."""
+    """A `tokenizers` Tokenizer (tokenizer.json, or GPT-2 vocab.json + merges.txt), encoded by FastBPE where exact.
 
-    def __init__(self, tok, kind: str, path: str, files: list[str], eod_token: Optional[str]) -> None:
+    `special_tokens`: "text" (default) encodes a special token's string found in a document as plain
+    text, as Megatron-LM's preprocess_data.py does with GPT-2 BPE; "honour" encodes it as the special id.
+    """
+
+    def __init__(self, tok, kind: str, path: str, files: list[str], eod_token: Optional[str],
+                 special_tokens: str = "text") -> None:
+        from data_prep.bpe_fast import SPECIAL_TOKEN_MODES
+
+        if special_tokens not in SPECIAL_TOKEN_MODES:
+            raise ValueError(f"special tokens {special_tokens!r}: want one of {', '.join(SPECIAL_TOKEN_MODES)}")
         self._tok, self.kind, self.path, self.files = tok, kind, path, files
+        self.special_tokens = special_tokens
+        tok.encode_special_tokens = special_tokens == "text"
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eod = _find_token(tok.token_to_id, eod_token, EOD_CANDIDATES, path, "end-of-document")
         pad = _find_token(tok.token_to_id, None, PAD_CANDIDATES, path, "padding", required=False)
         self.pad = self.eod if pad is None else pad
+        self._fast, self.fallback_reason = _fast_encoder(self._spec, special_tokens, path)
+
+    def _spec(self) -> dict:
+        """The tokenizer.json content the fast encoder is derived from."""
+        if self.kind == "gpt2_bpe":
+            return _gpt2_spec(self.files[0], self.files[1])
+        with open(self.files[0], encoding="utf-8") as fh:
+            return json.load(fh)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        fast = getattr(self, "_fast", None)
+        fast = self._fast
         if fast is not None:
-            return [fast.encode_ordinary(t) for t in texts]  # no thread pool: one worker = one core
+            return [fast.encode(t) for t in texts]  # no thread pool: one worker = one core
+        return self._reference_batch(texts)
+
+    def _reference_batch(self, texts: list[str]) -> list[list[int]]:
         # encode_batch_fast (tokenizers >= 0.20) skips offset tracking; ids are the same.
         enc = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
         return [e.ids for e in enc(texts, add_special_tokens=False)]
 
+    def check_fast_path(self, texts: list[str]) -> Optional[str]:
+        """Encode `texts` with both encoders; on the first differing id drop the fast one. Returns the reason, if any."""
+        if self._fast is None:
+            return None
+        from data_prep.bpe_fast import first_difference
+
+        for k, (text, want) in enumerate(zip(texts, self._reference_batch(texts))):
+            got = self._fast.encode(text)
+            if got != want:
+                j = first_difference(got, want)
+                self._fast = None
+                self.fallback_reason = (f"the fast encoder differs from tokenizers on sampled document {k} at token "
+                                        f"{j} of {len(want)}")
+                return self.fallback_reason
+        return None
+
+    @property
+    def fast(self):
+        """The FastBPE encoder in use, or None when `tokenizers` encodes."""
+        return self._fast
+
     @property
     def backend(self) -> str:
-        """Which library encodes: 'tiktoken' (GPT-2 BPE fast path) or 'tokenizers'."""
-        return "tiktoken" if getattr(self, "_fast", None) is not None else "tokenizers"
+        """Which library encodes: 'tiktoken' (the exact fast BPE path) or 'tokenizers'."""
+        return "tiktoken" if self._fast is not None else "tokenizers"
+
+    def describe_encoder(self) -> str:
+        """One line: which encoder runs and, for the slow path, why."""
+        if self._fast is not None:
+            return "encoder: fast BPE (tiktoken), exact to tokenizers"
+        return f"encoder: tokenizers (fast path not used: {self.fallback_reason})"
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -86,22 +146,27 @@ class HFTokenizer(Tokenizer):
     def __getstate__(self):  # Rust objects pickle via JSON; keep it explicit for worker processes
         d = self.__dict__.copy()
         d["_tok"] = self._tok.to_str()
-        d.pop("_fast", None)  # rebuilt from the files on the other side
+        d["_fast"] = self._fast is not None  # rebuilt from the files on the other side
         return d
 
     def __setstate__(self, d):
         from tokenizers import Tokenizer as RustTokenizer
 
         d["_tok"] = RustTokenizer.from_str(d["_tok"])
+        d["_tok"].encode_special_tokens = d["special_tokens"] == "text"
+        use_fast = d.pop("_fast")
         self.__dict__.update(d)
-        if self.kind == "gpt2_bpe":
-            self._fast = _tiktoken_gpt2(self.files[0], self.files[1])
+        self._fast = _fast_encoder(self._spec, self.special_tokens, self.path)[0] if use_fast else None
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", special_tokens={self.special_tokens!r}; {self.describe_encoder()})"
 
 
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece `.model`."""
 
     kind = "sentencepiece"
+    backend = "sentencepiece"
 
     def __init__(self, path: str, eod_token: Optional[str]) -> None:
         import sentencepiece as spm
@@ -154,16 +219,20 @@ def _find_token(lookup, explicit: Optional[str], candidates: Sequence[str], path
     return None
 
 
-def load_tokenizer(path: str, eod_token: Optional[str] = None) -> Tokenizer:
-    """Load a tokenizer from a tokenizer.json, a .model, or a directory holding either or vocab.json+merges.txt."""
+def load_tokenizer(path: str, eod_token: Optional[str] = None, special_tokens: str = "text") -> Tokenizer:
+    """Load a tokenizer from a tokenizer.json, a .model, or a directory holding either or vocab.json+merges.txt.
+
+    `special_tokens` ("text" or "honour") applies to tokenizer.json's special added tokens; GPT-2
+    vocab/merges have none and SentencePiece models encode control symbols' strings as text anyway.
+    """
     path = os.path.abspath(path)
     if os.path.isdir(path):
         for name in ("tokenizer.json",):
             if os.path.exists(os.path.join(path, name)):
-                return load_tokenizer(os.path.join(path, name), eod_token)
+                return load_tokenizer(os.path.join(path, name), eod_token, special_tokens)
         vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
         if os.path.exists(vocab) and os.path.exists(merges):
-            return _load_gpt2_bpe(path, vocab, merges, eod_token)
+            return _load_gpt2_bpe(path, vocab, merges, eod_token, special_tokens)
         models = sorted(f for f in os.listdir(path) if f.endswith(".model"))
         if models:
             return SentencePieceTokenizer(os.path.join(path, models[0]), eod_token)
@@ -171,7 +240,7 @@ def load_tokenizer(path: str, eod_token: Optional[str] = None) -> Tokenizer:
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokenizer not found: {path}")
     if path.endswith(".json") and os.path.basename(path) == "vocab.json":
-        return load_tokenizer(os.path.dirname(path), eod_token)
+        return load_tokenizer(os.path.dirname(path), eod_token, special_tokens)
     if path.endswith(".json"):
         from tokenizers import Tokenizer as RustTokenizer
 
@@ -180,13 +249,14 @@ def load_tokenizer(path: str, eod_token: Optional[str] = None) -> Tokenizer:
         except Exception as e:  # the Rust side raises a bare Exception for every parse error
             raise ValueError(f"{path}: malformed tokenizer.json ({one_line(str(e))}); fix: re-save it with "
                              "tokenizers' Tokenizer.save() or transformers' save_pretrained()") from None
-        return HFTokenizer(rust, "hf", path, [path], eod_token)
+        return HFTokenizer(rust, "hf", path, [path], eod_token, special_tokens)
     if path.endswith(".model"):
         return SentencePieceTokenizer(path, eod_token)
     raise ValueError(f"{path}: unrecognised tokenizer file (want tokenizer.json, vocab.json+merges.txt or .model)")
 
 
-def _load_gpt2_bpe(path: str, vocab: str, merges: str, eod_token: Optional[str]) -> HFTokenizer:
+def _load_gpt2_bpe(path: str, vocab: str, merges: str, eod_token: Optional[str],
+                   special_tokens: str = "text") -> HFTokenizer:
     """GPT-2 byte-level BPE, identical in output to GPT-2's own (and Megatron's GPT2BPETokenizer)."""
     from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
 
@@ -208,81 +278,42 @@ def _load_gpt2_bpe(path: str, vocab: str, merges: str, eod_token: Optional[str])
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     # <|endoftext|> stays an ordinary vocab entry, as in GPT-2: a literal one in text is not an EOD.
-    out = HFTokenizer(tok, "gpt2_bpe", path, [vocab, merges], eod_token)
-    out._fast = _tiktoken_gpt2(vocab, merges)
-    return out
+    return HFTokenizer(tok, "gpt2_bpe", path, [vocab, merges], eod_token, special_tokens)
 
 
-# GPT-2's pre-tokenisation pattern: the one `tokenizers`' ByteLevel pre-tokenizer, tiktoken's
-# "gpt2" encoding and Megatron's GPT2BPETokenizer all use.
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 BACKEND_ENV = "DATA_PREP_TOKENIZER_BACKEND"  # auto (default) | tokenizers | tiktoken
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (the alphabet of vocab.json)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+def _fast_encoder(spec: Callable[[], dict], special_tokens: str, where: str):
+    """(FastBPE, "") when the fast encoder reproduces this BPE, else (None, the reason it is not used).
 
-
-def _tiktoken_gpt2(vocab: str, merges: str):
-    """A tiktoken Encoding giving the same ids as the merge-list BPE, or None (then `tokenizers` encodes).
-
-    tiktoken merges, at each step, the adjacent pair whose concatenation has the lowest id; the
-    merge-list BPE merges the listed pair with the lowest merge index. They agree when the ids of
-    merge results increase in merge order and only merge results (plus the 256 bytes) are mergeable,
-    which is checked here; vocab entries no merge produces (e.g. <|endoftext|>) are left out, as the
-    merge-list BPE can never output them either. tiktoken encodes ~6x faster (no offsets, no
-    per-piece allocations). Set DATA_PREP_TOKENIZER_BACKEND=tokenizers to disable.
+    DATA_PREP_TOKENIZER_BACKEND=tokenizers turns the fast path off; =tiktoken makes its refusal an error.
     """
     choice = os.environ.get(BACKEND_ENV, "auto").lower()
     if choice in ("tokenizers", "hf"):
-        return None
+        return None, f"{BACKEND_ENV}={choice}"
     try:
-        import tiktoken
+        import tiktoken  # noqa: F401
     except ImportError:
         if choice == "tiktoken":
             raise ImportError(f"{BACKEND_ENV}=tiktoken but tiktoken is not installed") from None
-        return None
+        return None, "tiktoken is not installed"
+    from data_prep.bpe_fast import FastBPE, Unsupported
 
-    def refuse(why: str):
+    try:
+        return FastBPE(spec(), special_tokens), ""
+    except Unsupported as e:
         if choice == "tiktoken":
-            raise ValueError(f"{vocab}: tiktoken cannot reproduce this BPE exactly: {why}")
-        return None
+            raise ValueError(f"{where}: the fast encoder cannot reproduce this BPE exactly: {e}") from None
+        return None, str(e)
 
-    u2b = {c: b for b, c in _bytes_to_unicode().items()}
+
+def _gpt2_spec(vocab: str, merges: str) -> dict:
+    """vocab.json + merges.txt as the tokenizer.json that `_load_gpt2_bpe` assembles."""
     with open(vocab, encoding="utf-8") as fh:
         tokens = json.load(fh)
-    try:
-        byte_of = {t: bytes(u2b[c] for c in t) for t in tokens}
-    except KeyError:
-        return refuse("vocab has characters outside GPT-2's byte alphabet")
-    ranks: dict[bytes, int] = {}
-    for c in u2b:
-        if c not in tokens:
-            return refuse(f"byte character {c!r} missing from the vocab")
-        ranks[byte_of[c]] = tokens[c]
-    last = -1
     with open(merges, encoding="utf-8") as fh:
-        for line in fh:
-            if line.startswith("#version") or not line.strip():
-                continue
-            parts = line.rstrip("\r\n").split(" ")
-            if len(parts) != 2:
-                return refuse(f"unreadable merge line {line!r}")
-            merged = parts[0] + parts[1]
-            i = tokens.get(merged)
-            if i is None or parts[0] not in tokens or parts[1] not in tokens:
-                return refuse(f"merge {line.strip()!r} involves a token not in the vocab")
-            if i <= last or byte_of[merged] in ranks:
-                return refuse("merge results' ids do not increase in merge order")
-            ranks[byte_of[merged]] = last = i
-    return tiktoken.Encoding(f"data_prep_gpt2_{os.path.basename(os.path.dirname(os.path.abspath(vocab)))}",
-                             pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
+        pairs = [line.rstrip("\r\n") for line in fh if not line.startswith("#version") and line.strip()]
+    return {"model": {"type": "BPE", "vocab": tokens, "merges": pairs}, "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+            "decoder": {"type": "ByteLevel"}, "added_tokens": []}

@@ -1,4 +1,4 @@
-"""`python -m pretrain <command>`: train, eval, runs, export-hf, import-hf, demo, reproduce, selfcheck."""
+"""`python -m pretrain <command>`: train, eval, runs, export-hf, import-hf, demo, reproduce, selfcheck, plan."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ COMMANDS = {
     "reproduce": ("pretrain.experiments.reproduce", "main", "paper-style comparison at CPU scale"),
     "runs": ("pretrain.experiments.runs", "main", "list runs under a directory: size, method, seed, state"),
     "selfcheck": ("pretrain.selfcheck", "main", "first-contact check: versions, devices, a tiny training, GPU paths"),
+    "plan": ("pretrain.plan.cli", "main", "memory per GPU, step time, wall clock and GPU-hours before a run starts"),
 }
 
 

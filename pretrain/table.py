@@ -63,6 +63,8 @@ def _paper(arch: dict, params: float, tokens: int, lr: float, warmup: int, batch
 
 
 # All SwiGLU, RMSNorm, GQA, tied embeddings. Table 16: lr, warmup, effective batch; min lr = lr / 10.
+# Micro-batch × GPUs of the launcher must divide the effective batch: 425m and 1b (batch 32) on 16 and
+# 32 GPUs take micro-batches of 2 and 1 (`pretrain plan` checks every launcher's layout).
 SIZES: dict[str, Size] = {
     "10m": _paper(dict(hidden_size=384, num_attention_heads=6, num_query_groups=6, num_layers=6,
                        ffn_hidden_size=1024), 10.6e6, 500_000_000, 6e-4, 500, 128, 16,
@@ -74,10 +76,10 @@ SIZES: dict[str, Size] = {
                         ffn_hidden_size=3072), 113.3e6, 2_300_000_000, 3e-4, 1000, 128, 8,
                    Slurm(1, 8, 8, "12:00:00", 300)),
     "425m": _paper(dict(hidden_size=1280, num_attention_heads=20, num_query_groups=4, num_layers=24,
-                        ffn_hidden_size=3584), 424.7e6, 500_000_000, 2e-4, 500, 32, 4,
+                        ffn_hidden_size=3584), 424.7e6, 500_000_000, 2e-4, 500, 32, 2,
                    Slurm(2, 8, 8, "24:00:00", 600)),
     "1b": _paper(dict(hidden_size=2048, num_attention_heads=32, num_query_groups=8, num_layers=24,
-                      ffn_hidden_size=5632), 1082e6, 500_000_000, 2e-4, 500, 32, 2,
+                      ffn_hidden_size=5632), 1082e6, 500_000_000, 2e-4, 500, 32, 1,
                  Slurm(4, 8, 8, "48:00:00", 600)),
     # CPU scale: the reproduction/demo model and the unit-test model.
     "cpu-small": Size(dict(hidden_size=128, num_attention_heads=4, num_query_groups=4, num_layers=4,

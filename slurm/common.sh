@@ -45,10 +45,11 @@ EXTRA_SETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run|--test-only) DRY_RUN=1 ;;
+        --no-plan-check) PLAN_CHECK=0 ;;
         --set) ;;
         -h|--help) sed -n '2,/^set -euo/p' "$LAUNCHER_FILE" | grep '^#' | grep -v '^#SBATCH'; exit 0 ;;
         *=*) EXTRA_SETS+=("$1") ;;
-        *) _die "unknown argument '$1' (expected --dry-run, --test-only or --set key=value ...)" ;;
+        *) _die "unknown argument '$1' (expected --dry-run, --test-only, --no-plan-check or --set key=value ...)" ;;
     esac
     shift
 done
@@ -221,6 +222,41 @@ SETTINGS
 printf '[posaug-slurm] command:'
 printf ' %q' "${SRUN_CMD[@]}" "${TRAIN_CMD[@]}"
 printf '\n'
+
+# ---- plan: memory per GPU and wall clock before anything starts (pretrain/plan, slurm/README.md) -------
+# Refuses (exit 2) when the predicted peak exceeds the GPU's memory; --no-plan-check / PLAN_CHECK=0 starts
+# anyway. PLAN_GPU names the GPU model (python -m pretrain plan --help lists them). A plan that cannot run
+# at all (no Python with torch on this host, e.g. a container-only setup) is a warning, not a refusal.
+PLAN_CHECK=${PLAN_CHECK:-1}
+PLAN_GPU=${PLAN_GPU:-h100-80gb}
+if [ "$DEVICE" = gpu ]; then
+    if [ "$IN_JOB" = 1 ]; then
+        _TIME_LIMIT=$(scontrol show job "$JOB_ID" 2>/dev/null | sed -n 's/.*TimeLimit=\([^ ]*\).*/\1/p' | head -n1)
+    fi
+    _TIME_LIMIT=${_TIME_LIMIT:-$(_sbatch_default time)}
+    _LEAD=$(_sbatch_default signal)
+    _LEAD=${_LEAD##*@}
+    PLAN_CMD=("$PYTHON" -m pretrain plan "$CONFIG" --gpu "$PLAN_GPU" --nodes "$NNODES"
+              --gpus-per-node "$TASKS_PER_NODE" --check --set "${SETS[@]}")
+    case "$_TIME_LIMIT" in
+        ''|UNLIMITED|Partition_Limit|NONE) ;;
+        *) PLAN_CMD+=(--slurm-time "$_TIME_LIMIT" --usr1-lead "${_LEAD:-0}") ;;
+    esac
+    set +e
+    (cd "$POSAUG_ROOT" && "${PLAN_CMD[@]}")
+    _plan_rc=$?
+    set -e
+    if [ "$_plan_rc" = 2 ]; then
+        if [ "$PLAN_CHECK" = 1 ]; then
+            _die "the plan refuses this run (reason above): change the setting it names (e.g. OVERRIDES=schedule.micro_batch_size=1, TP/PP, more nodes, PLAN_GPU=<your GPU>), or pass --no-plan-check to start anyway"
+        fi
+        _log "WARNING: the plan says this run does not fit; starting anyway (--no-plan-check)"
+    elif [ "$_plan_rc" != 0 ]; then
+        _log "WARNING: could not run the plan ($PYTHON -m pretrain plan exited $_plan_rc); starting without it"
+    fi
+else
+    _log "plan: skipped (CPU run, no GPU memory to check)"
+fi
 
 if [ "$DRY_RUN" = 1 ]; then
     exit 0

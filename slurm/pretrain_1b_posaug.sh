@@ -17,10 +17,13 @@
 #   sbatch --array=0-2 slurm/pretrain_1b_posaug.sh        # seeds 42 137 2024
 #   sbatch --nodes=2 slurm/pretrain_1b_posaug.sh          # any #SBATCH default, on the command line
 #   DATA_PREFIX=/data/owt/owt OUTPUT_DIR=/scratch/runs sbatch slurm/pretrain_1b_posaug.sh
-#   bash slurm/pretrain_1b_posaug.sh --dry-run            # print settings and commands only
+#   bash slurm/pretrain_1b_posaug.sh --dry-run            # print settings, the plan and commands only
+#   PLAN_GPU=a100-80gb sbatch slurm/pretrain_1b_posaug.sh # the plan checks memory for your GPU model
+#   sbatch slurm/pretrain_1b_posaug.sh --no-plan-check    # start even if the plan says it won't fit
 #
 # Environment: POSAUG_ROOT PYTHON CONFIG DATA_PREFIX SYNTHETIC_DATA OUTPUT_DIR RUN_NAME RUN_DIR SEED SEEDS
-# TP PP DP OVERRIDES CONTAINER_IMAGE CONTAINER_MOUNTS TASKS_PER_NODE MASTER_PORT REQUEUE DRY_RUN.
+# TP PP DP OVERRIDES CONTAINER_IMAGE CONTAINER_MOUNTS TASKS_PER_NODE MASTER_PORT REQUEUE DRY_RUN
+# PLAN_GPU PLAN_CHECK.
 set -euo pipefail
 MODEL_SIZE=1b
 METHOD=posaug

@@ -1,9 +1,12 @@
-"""Shared fixtures: a single-process Megatron world, and a torchrun launcher with a timeout."""
+"""Shared fixtures: a single-process Megatron world, a torchrun launcher with a timeout; warning filters and the
+session's MFU peak cache."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,16 +14,25 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def peak_cache(tmp_path_factory):
-    """The measured-peak cache of this session (and of the runs it starts), instead of ~/.cache/posaug."""
-    previous = os.environ.get("POSAUG_CACHE_DIR")
-    os.environ["POSAUG_CACHE_DIR"] = str(tmp_path_factory.mktemp("posaug_cache"))
-    yield Path(os.environ["POSAUG_CACHE_DIR"])
-    if previous is None:
-        del os.environ["POSAUG_CACHE_DIR"]
-    else:
-        os.environ["POSAUG_CACHE_DIR"] = previous
+def pytest_configure(config):
+    """Warning filters and the measured-peak cache of this session (set before any test module builds an env)."""
+    from pretrain.console import KNOWN_HARMLESS
+
+    # The library warnings `python -m pretrain` silences for users are ignored in tests too (setup.cfg explains).
+    for known in KNOWN_HARMLESS:
+        assert ":" not in known.message + known.module, f"pytest filter fields are ':'-separated: {known.message}"
+        config.addinivalue_line("filterwarnings", f"ignore:{known.message}:{known.category.__name__}:{known.module}")
+    # Runs started by tests measure the MFU peak into a session directory, not ~/.cache/posaug.
+    if "POSAUG_CACHE_DIR" not in os.environ:
+        config.peak_cache_dir = tempfile.mkdtemp(prefix="posaug_peak_cache_")
+        os.environ["POSAUG_CACHE_DIR"] = config.peak_cache_dir
+
+
+def pytest_unconfigure(config):
+    """Remove the session's peak cache."""
+    if getattr(config, "peak_cache_dir", None):
+        shutil.rmtree(config.peak_cache_dir, ignore_errors=True)
+        os.environ.pop("POSAUG_CACHE_DIR", None)
 
 
 @pytest.fixture(scope="session")

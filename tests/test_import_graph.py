@@ -14,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pretrain", "megatron_ext", "data_prep")
 
-# (floor, room, module prefixes). A module belongs to the room with the longest matching prefix.
+# (floor, room, module prefixes). A module belongs to the room with the longest matching prefix; a prefix
+# ending in "$" is one module only (the `pretrain` package itself, so that a new subpackage is not housed by accident).
 # An import between two rooms must go to a strictly lower floor; rooms on one floor are independent.
 ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (0, "positions", ("megatron_ext.positions",)),
@@ -29,7 +30,8 @@ ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (5, "evaluation", ("pretrain.evaluation",)),
     (5, "task suite", ("pretrain.tasks.suite",)),
     (6, "experiments", ("pretrain.experiments",)),
-    (6, "entry points", ("pretrain", "pretrain.__main__", "pretrain.selfcheck")),
+    (6, "plan", ("pretrain.plan",)),
+    (6, "entry points", ("pretrain$", "pretrain.__main__", "pretrain.selfcheck")),
 ]
 
 
@@ -82,7 +84,10 @@ def room_of(module: str) -> tuple[int, str] | None:
     best = None
     for floor, room, prefixes in ROOMS:
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+            exact = prefix.endswith("$")
+            prefix = prefix.rstrip("$")
+            matches = module == prefix or (not exact and module.startswith(prefix + "."))
+            if matches and (best is None or len(prefix) > best[0]):
                 best = (len(prefix), floor, room)
     return None if best is None else (best[1], best[2])
 
@@ -160,6 +165,11 @@ def test_no_room_imports_a_room_on_its_floor_or_above():
             if here and there and there[1] != here[1] and there[0] >= here[0]:
                 upward.append(f"  {module} (floor {here[0]}, {here[1]}) -> {target} (floor {there[0]}, {there[1]})")
     assert not upward, "imports that do not go down a floor:\n" + "\n".join(upward)
+
+
+def test_a_new_subpackage_is_in_no_room_until_it_is_placed():
+    assert room_of("pretrain.newpackage.module") is None
+    assert room_of("pretrain") == (6, "entry points") and room_of("pretrain.trainer.loop") == (3, "trainer")
 
 
 def test_the_cycle_finder_reports_a_cycle_as_a_closed_path():

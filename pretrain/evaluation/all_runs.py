@@ -4,7 +4,8 @@ One JSON record per run in `--out` (default DIR/eval_records), named after the r
 A record is reused when it was made from the run's current checkpoint and already holds the
 requested lengths (and G(C) contexts), so the command is resumable and cheap to rerun while a
 grid is still training; running, stopped and failed runs are listed and left alone.
-Records carry the run's `size` and `method`, which `eval report` groups by.
+Records carry the run's `size` and `method`, which `eval report` groups by. With `--downstream
+T1,T2` each finished run also gets lm-eval scores for the tasks it lacks (downstream_report).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ def is_current(path: Path, iteration: int, lengths: list[int], contexts: list[in
 def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: str | None = None,
                  num_spans: int = 20, out: str | Path | None = None, backend: str = "hf", device: str = "cpu",
                  context_gain: list[int] | None = None, gain_window: int = 512, gain_method: str = "exact",
-                 max_batch_tokens: int | None = None, progress: bool = True, say=print) -> dict[str, list[str]]:
+                 max_batch_tokens: int | None = None, progress: bool = True, say=print,
+                 downstream: dict | None = None) -> dict[str, list[str]]:
     """Evaluate the finished, not-yet-evaluated runs under `root`; returns run names by outcome."""
     from pretrain.evaluation import metrics, report
+    from pretrain.evaluation.downstream_report import carry_over, evaluate_grid
     from pretrain.evaluation.data import load_stream
     from pretrain.evaluation.record import evaluate
     from pretrain.evaluation.scorers import load_scorer
@@ -76,11 +79,17 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
             say(f"[{index}/{len(todo)}] {run.name}: not evaluated: {error}")
             continue
         record.update(size=run.size, method=run.method, run_dir=str(run.path))
+        carry_over(record_path(out, run.name), record, run.iteration)  # keep lm-eval scores of this checkpoint
         report.write_record(record, record_path(out, run.name))
         outcome["evaluated"].append(run.name)
         cliffs = ", ".join(f"cliff@{n} {e['cliff']['cliff']:+.3f}" for n, e in record["lengths"].items()
                            if e.get("cliff"))
         say(f"[{index}/{len(todo)}] {run.name} ({run.size}, {run.method}, seed {run.seed}): "
             f"{cliffs or 'evaluated'} in {time.time() - started:.0f}s")
+    if downstream:  # lm-eval tasks, after the loss evaluation wrote each run's record
+        finished = [run for run in runs if run.finished]
+        grid = evaluate_grid(finished, lambda name: record_path(out, name), device=device, say=say, **downstream)
+        outcome["failed"] += [name for name in grid["failed"] if name not in outcome["failed"]]
+        outcome["downstream"] = grid["evaluated"]
     say(f"records in {out}; compare with: python -m pretrain eval report {out}")
     return outcome

@@ -1,4 +1,4 @@
-"""`python -m pretrain eval run|all|report ...` and the `evaluate` API behind it."""
+"""`python -m pretrain eval run|all|report|downstream ...` and the `evaluate` API behind it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from data_prep.errors import OutputError, check_writable
 from megatron_ext.positions import ROPE_SCALING_KINDS
 
-from . import metrics, report
+from . import downstream, metrics, report
 from .data import TokenStream, load_stream
 from .record import evaluate
 from .scorers import BACKENDS, Scorer, load_scorer
@@ -84,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     every.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     every.add_argument("--out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
     every.add_argument("--no-progress", action="store_true", help="no progress lines")
+    every.add_argument("--downstream", type=downstream.parse_tasks,
+                       help="also lm-eval tasks for every finished run, e.g. hellaswag,arc_easy (see eval downstream)")
+    every.add_argument("--num-fewshot", type=int, help="--downstream: few-shot examples (default: the task's)")
+    every.add_argument("--limit", type=float, help="--downstream: examples per task (testing only)")
+    every.add_argument("--include-path", help="--downstream: directory of your own lm-eval task YAML files")
 
     rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
     rep.add_argument("records", nargs="+", help="record JSON files or directories of them")
@@ -91,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--baseline", help="method or label of the baseline; every size is compared with its own "
                      "(default: 'baseline' when such runs exist)")
     rep.add_argument("--length", type=int, help="L_eval for the loss-curve and cliff-vs-size plots (default: largest)")
+    downstream.add_parser(sub)
     return parser
 
 
@@ -185,6 +191,12 @@ def _report(args) -> int:
         report.plot_context_gain(records, out / "context_gain.png")
     report.plot_cliff_vs_size(records, out / "cliff_vs_size.png", length=args.length)
     print(table, end="")
+    if any(r.get("downstream") for r in records):
+        from .downstream_report import downstream_table
+
+        scores = downstream_table(records, baseline)
+        (out / "summary.md").write_text((out / "summary.md").read_text() + "\n" + scores)
+        print(scores, end="")
     print(f"wrote {out}/summary.csv, summary.md (all metrics) and plots"
           + (f"; each size compared with its own {baseline!r}" if baseline else ""))
     return 0
@@ -193,12 +205,13 @@ def _report(args) -> int:
 def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
     argv = list(argv)
-    if argv and argv[0] not in ("run", "all", "report", "-h", "--help"):
+    if argv and argv[0] not in ("run", "all", "report", "downstream", "-h", "--help"):
         argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        out = args.out or (Path(args.directory) / "eval_records" if Path(args.directory).is_dir() else None)
+        directory = getattr(args, "directory", None)  # `eval downstream` has none: its default is the run's
+        out = args.out or (Path(directory) / "eval_records" if directory and Path(directory).is_dir() else None)
         if args.command != "report" and out is not None:  # before hours of evaluation, not after
             check_writable(out, what="evaluation output directory", elsewhere="pass an --out on a larger disk",
                            then="rerun the same command")
@@ -209,8 +222,13 @@ def eval_cli(argv: list[str]) -> int:
                                    out=args.out, backend=args.backend, device=args.device,
                                    context_gain=args.context_gain, gain_window=args.gain_window,
                                    gain_method=args.gain_method, max_batch_tokens=args.max_batch_tokens,
-                                   progress=not args.no_progress)
+                                   progress=not args.no_progress,
+                                   downstream=None if not args.downstream else dict(
+                                       tasks=args.downstream, num_fewshot=args.num_fewshot, limit=args.limit,
+                                       include_path=args.include_path))
             return 1 if outcome["failed"] else 0
+        if args.command == "downstream":
+            return downstream.run_cli(args)
         return _run(args) if args.command == "run" else _report(args)
     except (ValueError, FileNotFoundError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -17,6 +17,10 @@ matplotlib.use("Agg")  # files only; no display on clusters
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+# The record field that holds lm-eval scores per task (written by downstream_report).
+DOWNSTREAM_KEY = "downstream"
+
+
 def default_label(run_name: str) -> str:
     """Group key of a run: its name without a trailing seed suffix (_s42, -seed137, _2024)."""
     return re.sub(r"([_-](s|seed)?\d+)$", "", run_name) or run_name
@@ -70,7 +74,16 @@ def record_metrics(record: dict) -> dict[str, float]:
             out[f"{task}@{length}"] = entry["accuracy"]
     if record.get("entropy"):
         out["entropy_ratio"] = record["entropy"]["ratio"]
+    out.update(downstream_metrics(record))
     return out
+
+
+def downstream_metrics(record: dict) -> dict[str, float]:
+    """'<task>/<metric>' for every numeric lm-eval score of a record (stderrs included; `eval all --downstream`)."""
+    return {f"{task}/{metric}": value for task, entry in sorted((record.get(DOWNSTREAM_KEY) or {}).items())
+            for metric, value in entry.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+            and metric not in ("iteration", "num_fewshot", "limit", "n-shot", "samples")}
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -14,12 +14,11 @@ dropped), so the two backends compute the same distribution.
 """
 
 # Reaches into transformers internals (HF backend; checked against transformers 5.23.0):
-# - rotary module `inv_freq` / `original_inv_freq` (buffers), `attention_scaling`,
-#   `max_seq_len_cached`, `rope_type` (hf_rope): evaluation frequencies are swapped in for one
-#   call. transformers' `dynamic_rope_update` rewrites inv_freq and raises max_seq_len_cached
-#   during a dynamic-NTK forward, so all five are saved and restored around every call (else a
-#   later call runs with the restored unscaled inv_freq and results depend on the batch size),
-#   and rope_type is "default" while replacement frequencies are in place.
+# - rotary module `inv_freq` / `original_inv_freq` (buffers), `attention_scaling`, `max_seq_len_cached`,
+#   `rope_type` (hf_rope): evaluation frequencies are swapped in for one call. transformers' `dynamic_rope_update`
+#   rewrites inv_freq and raises max_seq_len_cached during a dynamic-NTK forward, so all five are saved and restored
+#   around every call (else a later call runs with the restored unscaled inv_freq and results depend on the batch
+#   size), and rope_type is "default" while replacement frequencies are in place.
 # - `config._attn_implementation` (attention_entropy): switched to "eager" for one call, the only
 #   attention that returns probabilities, and restored.
 # - `DynamicCache.layers[i].keys/values` (_keep_last): truncated to the paper's sliding KV window.
@@ -31,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import inspect
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,8 +250,8 @@ class HFScorer(Scorer):
         lm_head = self.model.get_output_embeddings()
         base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
         tokens = tokens.to(self.device)
-        cache = DynamicCache(config=self.model.config)
-        pieces = []
+        cache, pieces = DynamicCache(config=self.model.config), []
+        cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"  # 5.x name
         with hf_rope(self.model, rope):
             for start in range(0, tokens.shape[1], chunk):
                 piece = tokens[:, start:start + chunk]
@@ -259,7 +259,7 @@ class HFScorer(Scorer):
                 # Paper §3: the RoPE offset restarts at the cache size (<= window).
                 offsets = rope.positions[past:past + piece.shape[1]].to(self.device)
                 hidden = base(input_ids=piece, position_ids=offsets[None].expand(piece.shape[0], -1),
-                              past_key_values=cache, use_cache=True).last_hidden_state
+                              **{cache_arg: cache}, use_cache=True).last_hidden_state
                 pieces.append(lm_head(hidden)[..., :self.vocab_size].float())
                 _keep_last(cache, window)
         logits = torch.cat(pieces, dim=1)[:, :-1]

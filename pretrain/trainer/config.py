@@ -105,15 +105,61 @@ class CheckpointConfig:
             raise ValueError("checkpoint.save_interval and checkpoint.keep_last must be >= 1")
 
 
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases tracking beside TensorBoard (`logging.wandb`; needs the `wandb` extra)."""
+
+    project: str = "pretrain"
+    entity: str | None = None  # W&B user or team; None = the API key's default entity
+    # None = online when a W&B API key is found (WANDB_API_KEY or ~/.netrc), else offline (`wandb sync` later)
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in WANDB_MODES:
+            raise ValueError(f"logging.wandb.mode must be one of {', '.join(WANDB_MODES)} or null for "
+                             f"online-when-logged-in (got {self.mode!r})")
+        for name in ("project", "entity"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()
+                                      or any(c in value for c in "/\\#?%:")):
+                raise ValueError(f"logging.wandb.{name} must be a non-empty name without / \\ # ? % : "
+                                 f"(got {value!r})")
+
+    @property
+    def enabled(self) -> bool:
+        """False for mode `disabled`: nothing is written and wandb is not needed."""
+        return self.mode != "disabled"
+
+
 @dataclass
 class LoggingConfig:
-    """Console/TensorBoard cadence and validation."""
+    """Console/TensorBoard/W&B cadence and validation."""
 
     log_interval: int = 10
     eval_interval: int = 500
     eval_iters: int = 10
     tensorboard_dir: str | None = None  # None = <save>/tensorboard
     peak_tflops: float | None = None  # per device, for MFU; None = looked up for known GPUs
+    wandb: WandbConfig | None = None  # {project, entity, mode}; None = no W&B
+
+    def __post_init__(self) -> None:
+        if isinstance(self.wandb, dict):  # from YAML / --set
+            self.wandb = _subsection("logging.wandb", WandbConfig, self.wandb)
+        elif self.wandb is not None and not isinstance(self.wandb, WandbConfig):
+            raise ValueError(f"logging.wandb must be a mapping such as {{project: my-project, mode: offline}} "
+                             f"(got {self.wandb!r})")
+
+
+def _subsection(name: str, cls: type, values: dict) -> Any:
+    """A nested config dataclass from a dict, naming unknown fields."""
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    bad = set(values) - allowed
+    if bad:
+        raise ValueError(f"unknown field(s) {sorted(bad)} in {name}; allowed: {', '.join(sorted(allowed))}")
+    return cls(**values)
 
 
 @dataclass
@@ -189,12 +235,17 @@ class TrainConfig:
                 raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "
                                  "(e.g. --set data.data_path=data/owt) or set data.synthetic=true")
             check_data_path(self.data.data_path)
+        if self.logging.wandb is not None and self.logging.wandb.enabled:
+            from pretrain.trainer.tracking import check_wandb
+
+            check_wandb(self.logging.wandb)
 
 
 SECTIONS = {"model": ModelConfig, "parallel": ParallelConfig, "positions": PositionConfig,
             "data": DataConfig, "optimizer": OptimizerSettings, "schedule": ScheduleConfig,
             "checkpoint": CheckpointConfig, "logging": LoggingConfig}
 TOP_LEVEL = ("name", "seed", "preset")
+NESTED = {("logging", "wandb")}  # fields that are sections of their own
 
 
 def _parse_value(text: str) -> Any:
@@ -220,9 +271,14 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             raw[parts[0]] = _parse_value(value)
         elif len(parts) == 2 and parts[0] in SECTIONS:
             raw.setdefault(parts[0], {})[parts[1]] = _parse_value(value)
+        elif len(parts) == 3 and tuple(parts[:2]) in NESTED:  # logging.wandb.project=...
+            section = raw.setdefault(parts[0], {})
+            nested = section.get(parts[1])
+            section[parts[1]] = {**(nested if isinstance(nested, dict) else {}), parts[2]: _parse_value(value)}
         else:
             raise ValueError(f"--set {key}: unknown key; use one of {', '.join(TOP_LEVEL)} or "
-                             f"<section>.<field> with section in {', '.join(SECTIONS)}")
+                             f"<section>.<field> with section in {', '.join(SECTIONS)} "
+                             f"(nested: logging.wandb.<field>)")
     return raw
 
 

@@ -121,7 +121,8 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                         {"config": to_dict(config), "consumed_samples": iteration * gbs},
                         keep_last=config.checkpoint.keep_last, run_dir_exists=True)
 
-    metrics = Metrics(config, total_iters, start)
+    resolved = {**to_dict(config), "train_iters": total_iters, "train_tokens": config.train_tokens()}
+    metrics = Metrics(config, total_iters, start, run_config=resolved)
     exit_code = 0
     window_start, window_steps = time.time(), 0
     skipped_in_row = 0

@@ -1,4 +1,4 @@
-"""The training run's outputs besides checkpoints: the console line, TensorBoard scalars, MFU,
+"""The training run's outputs besides checkpoints: the console line, scalars (TensorBoard, W&B: tracking.py), MFU,
 and `status.json`, the run's state for `python -m pretrain runs`.
 
 MFU needs the device's peak FLOP/s (peak.py: config, known GPU, or a cached measurement); the
@@ -8,28 +8,22 @@ and returns None from then on, so no console line and no scalar writer ever gets
 
 from __future__ import annotations
 
-# Reaches into a library's internals (checked against tensorboard 2.20):
-# - the class name of tensorboard's event writer thread (_AsyncWriterThread): its write error is
-#   handed to the main thread (reported as one line, see Metrics._tensorboard) and also re-raised in
-#   the thread, whose traceback threading.excepthook would print; only that duplicate is dropped.
-
 import contextlib
 import json
-import math
 import os
 import socket
 import sys
-import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from data_prep.errors import OutputError, write_fault
+from data_prep.errors import OutputError
 from pretrain.console import Progress, format_duration
 from pretrain.trainer.peak import Peak, device_peak, forget, plausible_mfu
 from pretrain.trainer.run_dir import run_output
+from pretrain.trainer.tracking import open_trackers
 
 STATUS_FILE = "status.json"
 RUN_STATES = ("running", "finished", "stopped", "failed")
@@ -82,21 +76,6 @@ def read_status(run_dir: str | Path) -> dict | None:
         return None
 
 
-def _drop_writer_thread_tracebacks() -> None:
-    """Silence the TensorBoard writer thread's own traceback of a write fault (the main thread reports it)."""
-    previous = threading.excepthook
-    if getattr(previous, "drops_writer_faults", False):
-        return
-
-    def hook(args) -> None:
-        if type(args.thread).__name__ == "_AsyncWriterThread" and write_fault(args.exc_value) is not None:
-            return
-        previous(args)
-
-    hook.drops_writer_faults = True
-    threading.excepthook = hook
-
-
 def status_problem(run_dir: str | Path) -> str | None:
     """Why the run's status.json cannot be trusted (empty, not JSON, no known state), or None (fine or absent)."""
     path = Path(run_dir) / STATUS_FILE
@@ -118,28 +97,21 @@ def status_problem(run_dir: str | Path) -> str | None:
 
 
 class Metrics:
-    """Console lines on rank 0 (with a redrawn progress line on a terminal), TensorBoard scalars on the
-    last rank (which holds the loss, as in Megatron), and the run's status.json on rank 0."""
+    """Console lines on rank 0 (with a redrawn progress line on a terminal), scalars to TensorBoard on the
+    last rank (which holds the loss, as in Megatron) and to W&B on rank 0, and the run's status.json on rank 0."""
 
-    def __init__(self, config, total_iters: int, start: int = 0) -> None:
+    def __init__(self, config, total_iters: int, start: int = 0, run_config: dict | None = None) -> None:
         self.total_iters = total_iters
         self.run_dir = config.run_dir
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.writer = None
-        if self.rank == self.world - 1:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb_dir = config.logging.tensorboard_dir or str(config.run_dir / "tensorboard")
-            _drop_writer_thread_tracebacks()
-            try:
-                with self._tensorboard():
-                    self.writer = SummaryWriter(log_dir=self.tb_dir)
-            except OutputError as error:  # before the loop's `finally` exists: record the failure here
-                if self.rank == 0:
-                    with contextlib.suppress(OutputError):
-                        write_status(self.run_dir, "failed", start, total_iters,
-                                     error=f"{type(error).__name__}: {error}"[:1000])
-                raise
+        try:  # TensorBoard / W&B sinks of this rank (run_config: the W&B run's config); closed by close()
+            self.trackers = open_trackers(config, self.rank, self.world, run_config or {})
+        except OutputError as error:  # before the loop's `finally` exists: record the failure here
+            if self.rank == 0:
+                with contextlib.suppress(OutputError):
+                    write_status(self.run_dir, "failed", start, total_iters,
+                                 error=f"{type(error).__name__}: {error}"[:1000])
+            raise
         self.peak = _shared_peak(config, self.rank)
         self.mfu_dropped = False
         self.flops_per_token = config.model.flops_per_token()
@@ -150,18 +122,8 @@ class Metrics:
             print(f"MFU against a peak of {self.peak.tflops:.3g} TFLOP/s per device ({self.peak.describe()})", flush=True)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
-        """Write scalars to TensorBoard (last rank only)."""
-        if self.writer is not None:
-            with self._tensorboard():
-                for name, value in values.items():
-                    if value is not None and math.isfinite(value):
-                        self.writer.add_scalar(name, value, step)
-                self.writer.flush()  # a full disk shows at this step, not minutes later in a background thread
-
-    def _tensorboard(self):
-        """Write faults of the TensorBoard writer become one OutputError naming its directory and the fix."""
-        return run_output(self.run_dir, self.tb_dir, "TensorBoard events",
-                          elsewhere="pass --set logging.tensorboard_dir=<a directory on a larger disk>")
+        """Write scalars to TensorBoard (last rank) and W&B (rank 0, when configured)."""
+        self.trackers.log(step, values)
 
     def console(self, text: str) -> None:
         """One persistent line on rank 0."""
@@ -211,15 +173,12 @@ class Metrics:
         return format_duration(eta) if eta is not None else "--:--:--"
 
     def close(self) -> None:
-        """Flush TensorBoard and record the final state (failed when an exception is propagating)."""
+        """Flush TensorBoard/W&B and record the final state (failed when an exception is propagating)."""
         failure = propagating = sys.exc_info()[1]  # close() runs in the loop's `finally`
-        if self.writer is not None:
-            writer, self.writer = self.writer, None
-            try:
-                with self._tensorboard():
-                    writer.close()
-            except OutputError as error:
-                failure = failure or error
+        try:
+            self.trackers.close(failed=failure is not None)
+        except OutputError as error:
+            failure = failure or error
         self.progress.close()
         if self.rank == 0:
             from pretrain.trainer.checkpoint import latest_iteration

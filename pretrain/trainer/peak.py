@@ -12,6 +12,7 @@ stable, and the cache makes every run of a machine use the same peak. A peak sho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -143,14 +144,18 @@ def _read_cache(path: Path) -> dict:
     return cache if isinstance(cache, dict) else {}
 
 
-def _write_cache(path: Path, cache: dict) -> None:
+def _write_cache(path: Path, cache: dict) -> str | None:
+    """Replace the cache file atomically; the reason when it cannot be written (the run goes on uncached)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cache, indent=1))
         os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs a measurement per run
+    except OSError as error:  # read-only or full home: costs one measurement per run, said on the peak line
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return f"{error.strerror or error} ({path})"
+    return None
 
 
 def measured_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], directory: Path | None = None) -> Peak:
@@ -169,8 +174,9 @@ def measured_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], direct
     measured_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cache = _read_cache(path)
     cache[key] = {"tflops": tflops, "measured_at": measured_at, "load_average": load, "detail": detail}
-    _write_cache(path, cache)
-    return Peak(tflops, "measured now", detail, measured_at, key)
+    not_cached = _write_cache(path, cache)
+    return Peak(tflops, "measured now", detail + (f"; not cached: {not_cached}" if not_cached else ""), measured_at,
+                None if not_cached else key)
 
 
 def forget(peak: Peak, directory: Path | None = None) -> bool:

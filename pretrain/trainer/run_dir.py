@@ -30,6 +30,7 @@ from data_prep.errors import WRITE_FAULTS, OutputError, naming_output
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "train_state.json"
+WANDB_STATE = Path("wandb", "run.json")  # the run directory's W&B run id and last logged step (tracking.py)
 _ITER = re.compile(r"iter_(\d{7})")
 FRESH_START = ("pass --set checkpoint.save=<new run dir> to start the run elsewhere, or --set "
                "checkpoint.overwrite=true to delete what is left of the old run and start over in it")
@@ -163,9 +164,11 @@ def plan_resume(run_dir: str | Path, *, overwrite: bool = False) -> Resume:
                 shutil.rmtree(path)
             (run_dir / LATEST).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        # a new W&B run too (tracking.py); the old run's offline files stay for `wandb sync`
+        (run_dir / WANDB_STATE).unlink(missing_ok=True)
         return Resume(notes=[f"checkpoint.overwrite=true: deleted the damaged checkpoints "
                              f"({', '.join(p.name for _, p in found) or 'none'}), {LATEST} and TensorBoard "
-                             f"events of the previous run in {run_dir}; starting a new run"])
+                             f"events of the previous run in {run_dir}; starting a new run (and a new W&B run)"])
     if damaged:
         raise CheckpointError(f"run directory {run_dir} holds no intact checkpoint ({'; '.join(damaged)}); "
                               f"{FRESH_START}")

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -123,7 +124,7 @@ def test_bad_input_is_skipped_counted_by_reason_and_accounted(tok_path, tmp_path
     (src / "a.jsonl").write_bytes("\n".join(lines).encode() + b"\n" + b'{"text": "\xff\xfe"}\n')
     owt = write_owt_dir(str(src / "owt"), [good[5:], good[:2]])
     broken = os.path.join(owt, "urlsf_subset00-2_data.xz")
-    open(broken, "wb").write(open(broken, "rb").read()[:60])  # truncated archive
+    Path(broken).write_bytes(Path(broken).read_bytes()[:60])  # truncated archive
     man = run_build([str(src)], tok_path, tmp_path / "o" / "c", valid_docs=1)
     d = man["documents"]
     assert d["written"] == 10 and d["read"] == d["written"] + d["skipped"]
@@ -240,7 +241,7 @@ def test_embedded_corpus_is_deterministic_text(tmp_path):
 
 
 def output_files_txt(d) -> dict:
-    return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))}
+    return {f: Path(d, f).read_bytes() for f in sorted(os.listdir(d))}
 
 
 def test_background_megatron_import_reraises_its_error_when_waited_on(monkeypatch):

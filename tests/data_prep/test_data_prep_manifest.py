@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_verify_shards_names_a_missing_shard_and_the_rebuild_command(built, tmp_
     copy = tmp_path / "c"
     for f in os.listdir(os.path.dirname(prefix)):
         if not f.endswith("00001_text_document.idx"):
-            (tmp_path / f).write_bytes(open(os.path.join(os.path.dirname(prefix), f), "rb").read())
+            (tmp_path / f).write_bytes(Path(os.path.dirname(prefix), f).read_bytes())
     with pytest.raises(ValueError) as err:
         load_manifest(str(copy)).verify_shards()
     msg = str(err.value)
@@ -61,7 +62,7 @@ def test_verify_shards_names_a_missing_shard_and_the_rebuild_command(built, tmp_
 def test_verify_shards_names_a_truncated_shard(built, tmp_path):
     prefix = built[0]
     for f in os.listdir(os.path.dirname(prefix)):
-        (tmp_path / f).write_bytes(open(os.path.join(os.path.dirname(prefix), f), "rb").read())
+        (tmp_path / f).write_bytes(Path(os.path.dirname(prefix), f).read_bytes())
     with open(tmp_path / "c_valid_text_document.bin", "r+b") as fh:
         fh.truncate(10)
     with pytest.raises(ValueError, match=r"c_valid_text_document.bin has 10 bytes"):
@@ -69,7 +70,7 @@ def test_verify_shards_names_a_truncated_shard(built, tmp_path):
 
 
 def test_version_1_manifest_still_loads_with_the_old_normalisation(built, tmp_path):
-    raw = json.load(open(built[0] + "_manifest.json"))
+    raw = json.loads(Path(built[0] + "_manifest.json").read_text())
     raw["version"] = 1
     for key in ("normalize", "input_files"):
         raw.pop(key)

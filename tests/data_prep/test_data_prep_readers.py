@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -130,8 +131,8 @@ def test_truncated_gzip_reports_corrupt_archive_after_reading_what_it_can(tmp_pa
 def test_corrupt_inner_xz_is_reported_with_member_and_other_members_survive(tmp_path, docs):
     root = write_owt_dir(str(tmp_path / "owt"), [docs[:10], docs[10:20]])
     bad = os.path.join(root, "urlsf_subset00-1_data.xz")
-    raw = open(bad, "rb").read()
-    open(bad, "wb").write(raw[:40] + b"\x00" * 64 + raw[104:])  # clobber the compressed stream
+    raw = Path(bad).read_bytes()
+    Path(bad).write_bytes(raw[:40] + b"\x00" * 64 + raw[104:])  # clobber the compressed stream
     recs = read_all([root])
     assert texts(recs)[-10:] == [normalize(d) for d in docs[10:20]]
     errs = [r for r in recs if r.skip_reason]

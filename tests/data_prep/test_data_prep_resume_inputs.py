@@ -6,6 +6,7 @@ Runtime ~10 s.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -27,10 +28,10 @@ def run_build(src, tok, prefix, **kw) -> dict:
 def edit_in_place_keeping_size_and_mtime(path) -> None:
     """Swap one letter of the corpus without changing its size or modification time."""
     st = os.stat(path)
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     i = data.index(b"model")
     data[i:i + 5] = b"MODEL"
-    open(path, "wb").write(bytes(data))
+    Path(path).write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert os.path.getsize(path) == st.st_size
 

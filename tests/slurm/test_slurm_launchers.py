@@ -36,7 +36,8 @@ LAUNCHER_VARS = {"POSAUG_ROOT", "PYTHON", "CONFIG", "DATA_PREFIX", "SYNTHETIC_DA
 
 
 def run(args: list[str], cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=60)
+    # 300 s: the first dry run of a size builds the plan's parameter-shape cache (a Megatron import).
+    return subprocess.run(args, cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=300)
 
 
 def dry_run(launcher: str, *args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:

@@ -47,6 +47,15 @@ def test_a_damaged_cache_file_is_measured_again_and_rewritten(tmp_path):
     assert peak.key in json.loads((tmp_path / CACHE_FILE).read_text())
 
 
+def test_a_cache_that_cannot_be_written_is_named_on_the_peak_line_and_the_run_goes_on(tmp_path):
+    blocked = tmp_path / "not_a_directory"
+    blocked.write_text("a file where the cache directory should be")
+    peak = device_peak(None, MODEL, directory=blocked)
+    assert peak.source == "measured now" and peak.tflops > 0 and peak.key is None
+    assert "not cached: " in peak.describe() and str(blocked / CACHE_FILE) in peak.describe()
+    assert blocked.read_text() == "a file where the cache directory should be"
+
+
 def test_the_measured_shapes_are_the_models_gemms_per_tensor_parallel_rank():
     assert model_shapes(MODEL, micro_batch_size=2) == [(64, 64, 128), (64, 128, 64), (64, 64, 256)]
     assert model_shapes(MODEL, micro_batch_size=2, tensor_parallel=2) == [(64, 64, 64), (64, 64, 64), (64, 64, 128)]

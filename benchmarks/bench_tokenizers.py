@@ -1,0 +1,214 @@
+"""Benchmark: data_prep vs Megatron-LM's preprocess_data.py per tokenizer (GPT-2 BPE and a NeoX-style tokenizer.json).
+
+For each tokenizer the same JSONL is built by data_prep and by Megatron-LM's
+tools/preprocess_data.py (GPT2BPETokenizer on vocab.json + merges.txt; HuggingFaceTokenizer, i.e.
+transformers' AutoTokenizer, on the tokenizer.json), interleaved (data_prep, Megatron-LM,
+data_prep again), then both on the file repeated --scale times. Printed: wall s, CPU s, MB per
+CPU-second, peak PSS, the ratio to Megatron-LM (end to end, and at steady state = the K-times
+run minus the 1-time run, which cancels start-up), and a document-by-document comparison of the
+token ids. How Megatron-LM is obtained and run is bench_data_prep.py's (its docstring).
+
+    python benchmarks/bench_tokenizers.py --megatron-lm /tmp/Megatron-LM [--megatron-python PY]
+        [--workers 2] [--target-mb 38] [--scale 4] [--compare-backends] [--workdir DIR]
+
+The NeoX-style tokenizer.json is trained here (the real GPT-NeoX-20B file is not downloadable on
+the machines this was written on): a 50,277-token byte-level BPE laid out as issue 25 describes
+NeoX's (data_prep.bpe_fast.train_styled_tokenizer: NFC normaliser, GPT-2 regex, 26 non-special
+added whitespace runs). --compare-backends also runs data_prep with DATA_PREP_TOKENIZER_BACKEND=
+tokenizers (HF `tokenizers`, the path every tokenizer.json took before the fast encoder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
+
+from bench_data_prep import MEGATRON_WRAPPER, make_jsonl, make_tokenizer, peak_rss_run  # noqa: E402
+
+
+def make_neox_style(out_dir: str, corpus: str, vocab_size: int) -> str:
+    """Train the NeoX-style tokenizer.json on the first 8 MB of the corpus; returns its directory.
+
+    transformers' AutoTokenizer (Megatron-LM's HuggingFaceTokenizer) reads the directory; the
+    tokenizer_config.json names <|endoftext|> as EOS, which Megatron-LM appends as EOD.
+    """
+    from data_prep.bpe_fast import train_styled_tokenizer
+
+    texts, size = [], 0
+    with open(corpus, encoding="utf-8") as fh:
+        for line in fh:
+            texts.append(json.loads(line)["text"])
+            size += len(line)
+            if size > 8_000_000:
+                break
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as fh:
+        fh.write(train_styled_tokenizer("neox", texts, vocab_size - 26))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                   "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": "<|padding|>"}, fh)
+    return out_dir
+
+
+def compare_documents(ours: str, theirs: str) -> str:
+    """'N/N documents identical' or where the first difference is (both files keep corpus order)."""
+    from data_prep.writer import megatron_indexed
+
+    Indexed = megatron_indexed().IndexedDataset
+    a, b = Indexed(ours, mmap=True), Indexed(theirs, mmap=True)
+    differing = [i for i in range(min(len(a), len(b))) if len(a[i]) != len(b[i]) or not (a[i] == b[i]).all()]
+    same, first = min(len(a), len(b)) - len(differing), (differing[0] if differing else None)
+    text = f"{same}/{max(len(a), len(b))} documents identical"
+    if len(a) != len(b):
+        text += f" (document counts differ: {len(a)} vs {len(b)})"
+    return text if first is None else text + f"; first difference in document {first}"
+
+
+def repeat_file(path: str, times: int) -> str:
+    """The JSONL repeated `times` times (written once)."""
+    big = f"{path[:-len('.jsonl')]}_x{times}.jsonl"
+    if not os.path.exists(big):
+        with open(path) as src:
+            data = src.read()
+        with open(big, "w") as dst:
+            for _ in range(times):
+                dst.write(data)
+    return big
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--megatron-lm", default=os.environ.get("MEGATRON_LM_PATH"), required=False,
+                    help="path to a Megatron-LM checkout (or env MEGATRON_LM_PATH)")
+    ap.add_argument("--megatron-python", default=os.environ.get("MEGATRON_LM_PYTHON", sys.executable))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--target-mb", type=float, default=38.0, help="size of the generated JSONL")
+    ap.add_argument("--input", help="JSONL with a 'text' key (default: generate one from the embedded corpus)")
+    ap.add_argument("--scale", type=int, default=4, help="also run on the input repeated K times (steady state)")
+    ap.add_argument("--tokenizers", default="gpt2,neox", help="which of gpt2,neox to run")
+    ap.add_argument("--compare-backends", action="store_true", help="also run data_prep on HF tokenizers")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--timeout", type=float, default=3600)
+    args = ap.parse_args()
+
+    script = os.path.join(args.megatron_lm or "", "tools", "preprocess_data.py")
+    if not args.megatron_lm or not os.path.exists(script):
+        print("Megatron-LM source not available: pass --megatron-lm PATH (a checkout, e.g. tag core_v0.16.1; "
+              "see bench_data_prep.py for its environment)")
+        return 2
+    work = args.workdir or tempfile.mkdtemp(prefix="bench_tokenizers_")
+    os.makedirs(work, exist_ok=True)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+    corpus = args.input or os.path.join(work, "corpus.jsonl")
+    if not os.path.exists(corpus):
+        n, size = make_jsonl(corpus, int(args.target_mb * 1e6))
+        print(f"generated {corpus}: {n} documents, {size / 1e6:.1f} MB", flush=True)
+    tok_dirs = {}
+    for name in args.tokenizers.split(","):
+        t0 = time.time()
+        if name == "gpt2":
+            tok_dirs[name] = os.path.join(work, "tok", "gpt2")
+            if not os.path.exists(os.path.join(tok_dirs[name], "merges.txt")):
+                tok_dirs[name] = make_tokenizer(os.path.join(work, "tok"), corpus, 50257)
+        elif name == "neox":
+            tok_dirs[name] = os.path.join(work, "tok", "neox")
+            if not os.path.exists(os.path.join(tok_dirs[name], "tokenizer.json")):
+                make_neox_style(tok_dirs[name], corpus, 50277)
+        else:
+            ap.error(f"--tokenizers: unknown {name!r} (want gpt2, neox)")
+        print(f"tokenizer {name}: {tok_dirs[name]} ({time.time() - t0:.0f}s)", flush=True)
+
+    results: dict[str, dict] = {}
+
+    def record(key: str, path: str, wall: float, pss: int, cpu: float, tail: str, rc: int) -> None:
+        if rc != 0:
+            print(f"{key} failed (rc={rc}):\n{tail}")
+            sys.exit(1)
+        mb = os.path.getsize(path) / 1e6
+        results[key] = dict(wall=wall, cpu=cpu, pss=pss, mb=mb)
+        print(f"{key}: {wall:.1f}s wall, {cpu:.1f}s CPU, {mb / cpu:.2f} MB/CPU-s, peak PSS {pss / 1e6:.0f} MB",
+              flush=True)
+
+    def ours(key: str, tok: str, path: str, backend: str = "auto") -> str:
+        prefix = os.path.join(work, key, "out")
+        cmd = [sys.executable, "-m", "data_prep", "build", "--input", path, "--tokenizer", tok, "--output-prefix",
+               prefix, "--workers", str(args.workers), "--valid-docs", "0", "--no-progress", "--force"]
+        wall, _, rc, tail, pss, cpu = peak_rss_run(
+            cmd, dict(env, PYTHONPATH=REPO, DATA_PREP_TOKENIZER_BACKEND=backend), REPO, args.timeout)
+        record(key, path, wall, pss, cpu, tail, rc)
+        with open(prefix + "_manifest.json") as fh:
+            tok_record = json.load(fh)["tokenizer"]
+        results[key]["encoder"] = tok_record["backend"]
+        if tok_record.get("fallback_reason"):
+            print(f"  {key}: encoder {tok_record['backend']} ({tok_record['fallback_reason']})")
+        return prefix + "_00000_text_document"
+
+    def megatron(key: str, name: str, path: str) -> str:
+        prefix = os.path.join(work, key, "out")
+        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        tok = tok_dirs[name]
+        if name == "gpt2":
+            tok_args = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", os.path.join(tok, "vocab.json"),
+                        "--merge-file", os.path.join(tok, "merges.txt")]
+        else:
+            tok_args = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tok]
+        cmd = [args.megatron_python, "-c", MEGATRON_WRAPPER, script, "--input", path, "--output-prefix", prefix,
+               "--json-keys", "text", "--legacy-tokenizer", *tok_args, "--workers", str(args.workers),
+               "--append-eod"]
+        wall, _, rc, tail, pss, cpu = peak_rss_run(cmd, dict(env, PYTHONPATH=args.megatron_lm), args.megatron_lm,
+                                                   args.timeout)
+        record(key, path, wall, pss, cpu, tail, rc)
+        return prefix + "_text_document"
+
+    comparisons = {}
+    big = repeat_file(corpus, args.scale) if args.scale > 1 else None
+    for name, tok in tok_dirs.items():
+        tok_arg = os.path.join(tok, "tokenizer.json") if name == "neox" else tok
+        a = ours(f"{name}/data_prep", tok_arg, corpus)
+        b = megatron(f"{name}/megatron_lm", name, corpus)
+        comparisons[name] = compare_documents(a, b)
+        print(f"{name}: token ids vs Megatron-LM: {comparisons[name]}", flush=True)
+        ours(f"{name}/data_prep_again", tok_arg, corpus)
+        if args.compare_backends:
+            ours(f"{name}/data_prep_tokenizers", tok_arg, corpus, backend="tokenizers")
+        if big:
+            ours(f"{name}/data_prep_x{args.scale}", tok_arg, big)
+            megatron(f"{name}/megatron_lm_x{args.scale}", name, big)
+
+    print(f"\ninput {corpus}: {os.path.getsize(corpus) / 1e6:.1f} MB, workers {args.workers}, scale {args.scale}")
+    print(f"{'run':<30}{'encoder':>12}{'MB':>8}{'wall s':>8}{'CPU s':>8}{'MB/CPU-s':>10}{'MB/s':>7}{'peak PSS MB':>13}")
+    for key, r in results.items():
+        print(f"{key:<30}{r.get('encoder', 'megatron'):>12}{r['mb']:>8.1f}{r['wall']:>8.1f}{r['cpu']:>8.1f}"
+              f"{r['mb'] / r['cpu']:>10.2f}{r['mb'] / r['wall']:>7.2f}{r['pss'] / 1e6:>13.0f}")
+    for name in tok_dirs:
+        m = results[f"{name}/megatron_lm"]
+        for run in ("data_prep", "data_prep_again"):
+            r = results[f"{name}/{run}"]
+            print(f"{name} {run} / Megatron-LM at 1x: {m['cpu'] / r['cpu']:.2f}x MB per CPU-second, "
+                  f"{m['wall'] / r['wall']:.2f}x wall")
+        if big:
+            small = min((results[f"{name}/data_prep"], results[f"{name}/data_prep_again"]), key=lambda r: r["cpu"])
+            r, mb = results[f"{name}/data_prep_x{args.scale}"], results[f"{name}/megatron_lm_x{args.scale}"]
+            ours_rate = (r["mb"] - small["mb"]) / max(1e-9, r["cpu"] - small["cpu"])
+            their_rate = (mb["mb"] - m["mb"]) / max(1e-9, mb["cpu"] - m["cpu"])
+            ours_dt, their_dt = r["wall"] - small["wall"], mb["wall"] - m["wall"]
+            # on a loaded machine a 1x run can take longer than the Kx one: then wall says nothing
+            wall = f"{their_dt / ours_dt:.2f}x" if ours_dt > 0 and their_dt > 0 else "n/a (load changed)"
+            print(f"{name} steady state ({args.scale}x minus 1x): data_prep {ours_rate:.2f} MB/CPU-s, Megatron-LM "
+                  f"{their_rate:.2f} MB/CPU-s: {ours_rate / their_rate:.2f}x (goal >= 5x with NeoX); wall {wall}; "
+                  f"peak PSS {r['pss'] / 1e6:.0f} MB at {args.scale}x vs {small['pss'] / 1e6:.0f} MB at 1x")
+        print(f"{name}: token ids vs Megatron-LM (1x): {comparisons[name]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
