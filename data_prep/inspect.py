@@ -42,9 +42,7 @@ def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 2
     """Print a report; returns the number of problems found (0 = all shards consistent)."""
     from data_prep.checksums import matches_checksums
     from data_prep.tokenizers import load_tokenizer
-    from data_prep.writer import check_pair, megatron_indexed
-
-    IndexedDataset = megatron_indexed().IndexedDataset
+    from data_prep.writer import check_pair, open_pair
 
     prefixes, man = _prefixes(prefix)
     tok = None
@@ -72,7 +70,7 @@ def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 2
             print(f"PROBLEM: {msg}")
         if any("missing" in m or "unreadable" in m for m in issues):
             continue
-        ds = IndexedDataset(p, mmap=True)
+        ds = open_pair(p)
         lengths = np.asarray(ds.sequence_lengths, dtype=np.int64)
         all_lengths.append(lengths)
         status = "ok" if not issues else "INCONSISTENT"
@@ -89,7 +87,7 @@ def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 2
             print("histogram: " + ", ".join(f"[{a},{b}): {h}" for a, b, h in zip(edges[:-1], edges[1:], hist)))
     if tok is not None:
         for p in prefixes:
-            ds = IndexedDataset(p, mmap=True)
+            ds = open_pair(p)
             if len(ds):
                 ids = ds[0][:sample_tokens]
                 print(f"sample ({os.path.basename(p)}, document 0, first {len(ids)} tokens):\n{tok.decode(ids)!r}")

@@ -82,15 +82,20 @@ def write_indexed(prefix: str, docs: Iterable[np.ndarray], dtype: type) -> tuple
     return n_docs, n_tok
 
 
+def open_pair(prefix: str):
+    """Megatron's IndexedDataset over `prefix.idx`/`.bin`; an empty .bin (e.g. `--valid-docs 0`) is read without
+    mmap, which cannot map an empty file."""
+    return megatron_indexed().IndexedDataset(prefix, mmap=os.path.getsize(prefix + ".bin") > 0)
+
+
 def check_pair(prefix: str) -> list[str]:
     """Consistency problems between `prefix.idx` and `prefix.bin` (empty list when sound)."""
-    IndexedDataset = megatron_indexed().IndexedDataset
     problems = []
     for ext in (".bin", ".idx"):
         if not os.path.exists(prefix + ext):
             return [f"missing {prefix + ext}"]
     try:
-        ds = IndexedDataset(prefix, mmap=True)
+        ds = open_pair(prefix)
     except Exception as e:  # malformed header / truncated index
         return [f"{prefix}.idx unreadable: {type(e).__name__}: {e}"]
     idx = ds.index

@@ -229,6 +229,15 @@ def test_inspect_reports_counts_and_detects_a_truncated_bin(corpus, tok_path, tm
     assert r.returncode == 1 and "PROBLEM" in r.stdout and ".bin has 100 bytes" in r.stdout
 
 
+@pytest.mark.slow
+def test_inspect_finds_a_build_without_validation_documents_consistent(corpus, tok_path, tmp_path):
+    inputs, _ = corpus
+    run_build(inputs, tok_path, tmp_path / "c", num_shards=1, valid_docs=0)
+    r = run_cli(["inspect", str(tmp_path / "c")], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "c_valid_text_document: 0 documents" in r.stdout and "all shards consistent" in r.stdout
+
+
 def test_embedded_corpus_is_deterministic_text(tmp_path):
     for d in ("a", "b"):
         r = run_cli(["embedded-corpus", "--output", str(tmp_path / d), "--max-bytes", "200000"], timeout=120)
