@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,27 @@ def run_train(overrides: list[str], nproc: int = 1, timeout: float = 300, check:
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def one_error_line(proc, exit_code: int = 2) -> str:
+    """The single 'error:' line of a command that must fail cleanly with `exit_code`, without a traceback."""
+    assert proc.returncode == exit_code, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-4000:]
+    return errors[0]
+
+
+def wait_for_step(proc, step: int, timeout: float = 240) -> None:
+    """Read a training process's stdout until its 'step N/' line (kill it and fail after `timeout`)."""
+    deadline = time.time() + timeout
+    for line in proc.stdout:
+        if line.startswith(f"step {step}/"):
+            return
+        if time.time() > deadline:
+            break
+    proc.kill()
+    raise AssertionError(f"never reached step {step}")
 
 
 def tensorboard_scalars(run_dir, tag: str) -> dict[int, float]:

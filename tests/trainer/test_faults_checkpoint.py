@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, TINY_TRAIN, run_train
+from conftest import REPO, TINY_TRAIN, one_error_line, run_train
 
 RUN = [*TINY_TRAIN, "data.synthetic=true", "checkpoint.save_interval=2", "checkpoint.keep_last=5"]
 
@@ -25,15 +25,6 @@ RUN = [*TINY_TRAIN, "data.synthetic=true", "checkpoint.save_interval=2", "checkp
 def train(run_dir, iters=4, *extra):
     """Train (or resume) the tiny run in `run_dir` up to `iters`; the CompletedProcess, whatever its exit code."""
     return run_train([*RUN, f"schedule.train_iters={iters}", f"checkpoint.save={run_dir}", *extra], check=False)
-
-
-def one_error_line(proc, exit_code=2) -> str:
-    """The single 'error:' line of a run that must fail cleanly with `exit_code`."""
-    assert proc.returncode == exit_code, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, proc.stderr[-4000:]
-    return errors[0]
 
 
 def truncate(path):

@@ -8,15 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_TRAIN, run_train
-
-
-def one_error_line(proc) -> str:
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, proc.stderr[-4000:]
-    return errors[0]
+from conftest import TINY_TRAIN, one_error_line, run_train
 
 
 def test_build_with_fewer_tokens_than_one_sequence_exits_2(tiny_shards, tmp_path):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO, TINY_TRAIN, file_hashes, run_train
+from conftest import REPO, TINY_TRAIN, file_hashes, one_error_line, run_train
 
 RUN = [*TINY_TRAIN, "data.synthetic=true", "checkpoint.save_interval=2", "checkpoint.keep_last=5",
        "optimizer.lr_warmup_iters=1"]
@@ -25,15 +25,6 @@ pytestmark = pytest.mark.timeout(300)
 def train(run_dir, iters, *extra):
     """Train (or resume) the tiny run in `run_dir` up to `iters`; the CompletedProcess, whatever its exit code."""
     return run_train([*RUN, f"schedule.train_iters={iters}", f"checkpoint.save={run_dir}", *extra], check=False)
-
-
-def one_error_line(proc, exit_code=2) -> str:
-    """The single 'error:' line of a run that must fail cleanly with `exit_code`, without a traceback."""
-    assert proc.returncode == exit_code, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, proc.stderr[-4000:]
-    return errors[0]
 
 
 def runs_line(directory) -> str:

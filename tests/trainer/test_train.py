@@ -4,11 +4,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import REPO, TINY_TRAIN, run_train, tensorboard_scalars
+from conftest import REPO, TINY_TRAIN, run_train, tensorboard_scalars, wait_for_step
 
 pytestmark = [pytest.mark.slow]  # training subprocesses, torchrun layouts
 
@@ -69,22 +68,11 @@ def _start(overrides):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for_step(proc, step, timeout=240):
-    deadline = time.time() + timeout
-    for line in proc.stdout:
-        if line.startswith(f"step {step}/"):
-            return
-        if time.time() > deadline:
-            break
-    proc.kill()
-    raise AssertionError(f"never reached step {step}")
-
-
 def test_kill_9_then_restart_continues_the_loss_curve_exactly(reference_run, tiny_shards, tmp_path):
     overrides = [*TINY_TRAIN, f"data.data_path={tiny_shards}", "schedule.train_iters=6", "positions.strategy=posaug",
                  f"checkpoint.save={tmp_path}", "checkpoint.save_interval=2", "checkpoint.keep_last=5"]
     proc = _start(overrides)
-    _wait_for_step(proc, 5)  # the checkpoint of step 4 is complete once step 5 is logged
+    wait_for_step(proc, 5)  # the checkpoint of step 4 is complete once step 5 is logged
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() in ("4", "5")
@@ -100,7 +88,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_with_the_requeue_code(tiny_shards,
 
     proc = _start([*TINY_TRAIN, f"data.data_path={tiny_shards}", "schedule.train_iters=10000",
                    f"checkpoint.save={tmp_path}", "checkpoint.save_interval=100000"])
-    _wait_for_step(proc, 3)
+    wait_for_step(proc, 3)
     proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == REQUEUE_EXIT_CODE, output[-2000:]

@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, tensorboard_scalars
+from conftest import REPO, tensorboard_scalars, wait_for_step
 
 TINY = ["preset=tiny", "model.vocab_size=512", "schedule.global_batch_size=8", "schedule.micro_batch_size=2",
         "optimizer.lr=3e-3", "optimizer.min_lr=3e-4", "optimizer.lr_warmup_iters=2", "logging.log_interval=1",
@@ -52,8 +51,6 @@ def wandb_records(run_dir: Path, env: dict) -> list[list[dict]]:
 def history(records: list[dict]) -> list[dict]:
     """The history rows of one start: {"_step": n, tag: value, ...}."""
     return [r["history"]["item"] for r in records if r["type"] == "history"]
-
-
 
 
 @pytest.fixture(scope="module")
@@ -131,17 +128,6 @@ def test_unreachable_server_falls_back_to_an_offline_run_and_says_so(tmp_path):
     assert [row["_step"] for row in history(records)] == [1, 2, 3]
 
 
-def _wait_for_step(proc, step: int, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    for line in proc.stdout:
-        if line.startswith(f"step {step}/"):
-            return
-        if time.time() > deadline:
-            break
-    proc.kill()
-    raise AssertionError(f"never reached step {step}")
-
-
 @pytest.mark.slow
 def test_kill_and_resume_continue_one_wandb_run_without_duplicate_steps(tmp_path):
     env, run_dir = _env(tmp_path), tmp_path / "run"
@@ -149,7 +135,7 @@ def test_kill_and_resume_continue_one_wandb_run_without_duplicate_steps(tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *TINY, f"checkpoint.save={run_dir}",
                              *overrides], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    _wait_for_step(proc, 5)  # checkpoint 4 is complete; steps 1-5 are logged
+    wait_for_step(proc, 5)  # checkpoint 4 is complete; steps 1-5 are logged
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     killed_state = json.loads((run_dir / "wandb" / "run.json").read_text())
