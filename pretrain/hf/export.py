@@ -160,19 +160,31 @@ def load_checkpoint_state(checkpoint: str | Path) -> tuple[dict[str, torch.Tenso
     return state, train_config, record
 
 
+def _data_manifest(record: dict):
+    """The run's data manifest (data_prep), or None when the config names no data path with one."""
+    data_path = (record.get("config") or {}).get("data", {}).get("data_path")
+    if data_path:
+        from data_prep.manifest import load_manifest, manifest_path
+
+        if Path(manifest_path(data_path)).is_file():
+            return load_manifest(data_path)
+    return None
+
+
 def resolve_tokenizer_path(record: dict, explicit: str | None = None) -> str | None:
     """--tokenizer, else the one recorded by import-hf, else the run's data manifest's; None if none."""
     if explicit:
         return explicit
     if record.get("tokenizer_path"):
         return record["tokenizer_path"]
-    data_path = (record.get("config") or {}).get("data", {}).get("data_path")
-    if data_path:
-        from data_prep.manifest import load_manifest, manifest_path
+    manifest = _data_manifest(record)
+    return manifest.tokenizer_path if manifest else None
 
-        if Path(manifest_path(data_path)).is_file():
-            return load_manifest(data_path).tokenizer_path
-    return None
+
+def recorded_special_tokens(record: dict) -> str:
+    """How the run's shards encoded a special token's string in text ("text" or "honour"; manifest setting)."""
+    manifest = _data_manifest(record)
+    return manifest.special_tokens if manifest else "text"
 
 
 def check_output(output: Path, overwrite: bool) -> None:
@@ -229,7 +241,7 @@ class _TokenizerSource:
                              "tokenizer dir), or --no-tokenizer to export the model alone")
         from data_prep.tokenizers import load_tokenizer
 
-        self.tok = load_tokenizer(path)
+        self.tok = load_tokenizer(path, special_tokens=recorded_special_tokens(record))
         if self.tok.vocab_size > vocab_size:
             raise ValueError(f"tokenizer {path} has {self.tok.vocab_size} tokens but the model only "
                              f"{vocab_size}: wrong tokenizer? (pass the run's --tokenizer)")

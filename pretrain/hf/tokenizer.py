@@ -134,8 +134,9 @@ def hf_tokenizer(tokenizer):
         rust = RustTokenizer.from_str(tokenizer._tok.to_str())
     pieces = _special_pieces(tokenizer)
     # Our encoder adds no special tokens; no post-processor keeps HF the same.
-    # Our SentencePiece and GPT-2 encoders read a literal "</s>" / "<|endoftext|>" in text as
-    # characters; a tokenizer.json keeps its own added-token behaviour.
+    # The export encodes text as the shards were built: a literal "</s>" / "<|endoftext|>" in text is
+    # characters unless the build honoured special tokens (data_prep --special-tokens honour).
+    as_text = getattr(tokenizer, "special_tokens", "text") == "text"
     return PreTrainedTokenizerFast(tokenizer_object=rust, bos_token=pieces["bos"], eos_token=pieces["eos"],
                                    pad_token=pieces["pad"], unk_token=pieces["unk"],
-                                   clean_up_tokenization_spaces=False, split_special_tokens=tokenizer.kind != "hf")
+                                   clean_up_tokenization_spaces=False, split_special_tokens=as_text)

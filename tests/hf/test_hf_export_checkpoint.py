@@ -100,6 +100,21 @@ def test_auto_tokenizer_encodes_like_our_tokenizer(tokenizer_files, tmp_path, ki
     assert auto.decode(ours.encode(texts[0])) == ours.decode(ours.encode(texts[0]))
 
 
+def test_auto_tokenizer_honours_special_tokens_when_the_build_did(tokenizer_files, tmp_path):
+    from data_prep.tokenizers import load_tokenizer
+    from transformers import AutoTokenizer
+
+    files, texts = tokenizer_files
+    ours = load_tokenizer(files["bytelevel-bpe"], special_tokens="honour")
+    hf_tokenizer(ours).save_pretrained(tmp_path)
+    auto = AutoTokenizer.from_pretrained(tmp_path)
+    special = [text for text in texts if "<|endoftext|>" in text]
+    assert special
+    for text in special:
+        assert auto(text)["input_ids"] == ours.encode(text), text[:80]
+    assert auto(special[0])["input_ids"] != load_tokenizer(files["bytelevel-bpe"]).encode(special[0])
+
+
 @pytest.mark.parametrize("eval_length", [None, 128], ids=["default_window_x8", "explicit"])
 def test_rfs_export_scaling_reproduces_evaluation_position_logits(checkpoints, tmp_path, eval_length):
     export_checkpoint(checkpoints["rfs"], tmp_path / "hf", no_tokenizer=True, eval_length=eval_length)

@@ -253,7 +253,9 @@ def test_a_lost_node_fails_the_step_clearly_and_the_requeued_job_resumes_from_th
         assert re.search(r"\[posaug-slurm\] training step exited with code -?[1-9]", log), log[-3000:]
         assert job["Requeue"] == "1"
         last = int((tmp_path / "runs" / "113m_posaug_seed42" / "latest_checkpointed_iteration.txt").read_text())
-        assert last in (10, 20)
+        # A periodic checkpoint from before the loss (step 25 was logged; on a quiet machine the run can reach
+        # the save at 30 before the kill lands, so any multiple of the interval counts).
+        assert last >= 20 and last % 10 == 0
         # The queued job goes on with the node that is left; the launcher reads the smaller allocation.
         # (Not node2 brought back at once: slurmctld's delayed terminate for the failed run would reach
         # it after it restarted and kill the job's rank there.)
