@@ -55,7 +55,18 @@ def run_torchrun(script: str, nproc: int, *args: str, timeout: float = 300) -> l
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    return [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return results(proc.stdout)
+
+
+def results(stdout: str) -> list[dict]:
+    """Every 'RESULT {...}' record in `stdout`, also where two ranks' lines ran together without a newline."""
+    decoder, records = json.JSONDecoder(), []
+    start = stdout.find("RESULT ")
+    while start != -1:
+        record, end = decoder.raw_decode(stdout, start + len("RESULT "))
+        records.append(record)
+        start = stdout.find("RESULT ", end)
+    return records
 
 
 @pytest.fixture(scope="session")
