@@ -3,7 +3,7 @@
 The graph is read from the source (ast), so nothing is imported and every `import` counts:
 module level, inside functions and under `if TYPE_CHECKING:` alike, because each is a
 dependency a reader has to follow. A package's `__init__` is a node of its own.
-ROOMS is the floor plan of README.md's "How it fits together"; keep the two in step.
+ROOMS is the floor plan of README.md's "How it fits together" Floors table; a test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -175,3 +175,16 @@ def test_a_new_subpackage_is_in_no_room_until_it_is_placed():
 def test_the_cycle_finder_reports_a_cycle_as_a_closed_path():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycles(graph) == [["a", "b", "c", "a"]]
+
+
+def test_readme_floor_table_lists_the_rooms_of_this_plan():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\d) \| (.+) \|$", readme, re.M)
+    assert rows, "README.md has no Floors table"
+    documented = {(int(floor), path.rstrip("/").removesuffix(".py").replace("/", "."))
+                  for floor, cells in rows for path in re.findall(r"`([^`]*/[^`]*)`", cells)}
+    planned = {(floor, prefix) for floor, _, prefixes in ROOMS for prefix in prefixes if not prefix.endswith("$")}
+    assert documented == planned, (f"only in README: {sorted(documented - planned)}; "
+                                   f"only in ROOMS: {sorted(planned - documented)}")
