@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from test_data_prep_helpers import make_docs, run_cli, train_bytelevel, write_jsonl
+from test_data_prep_helpers import make_docs, run_cli, the_error_line, train_bytelevel, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +23,6 @@ def build_cli(inputs, tok, prefix, *extra):
     for i in inputs:
         args += ["--input", str(i)]
     return run_cli(args, timeout=180)
-
-
-def the_error_line(r: subprocess.CompletedProcess) -> str:
-    """The single error line; fails if the run did not exit 2 or printed a traceback."""
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    errors = [line for line in r.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, r.stderr
-    return errors[0]
 
 
 def test_malformed_merges_txt_names_the_file_and_the_fix(tok_path, tmp_path):

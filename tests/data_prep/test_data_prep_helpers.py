@@ -145,3 +145,12 @@ def output_files(out_dir: str) -> dict[str, bytes]:
             with open(os.path.join(out_dir, f), "rb") as fh:
                 res[f] = fh.read()
     return res
+
+
+def the_error_line(r: subprocess.CompletedProcess) -> str:
+    """The single error line; fails if the run did not exit 2 or printed a traceback."""
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, r.stderr
+    return errors[0]

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import file_hashes
-from test_data_prep_helpers import make_docs, run_cli, train_bytelevel, write_jsonl
+from test_data_prep_helpers import make_docs, run_cli, the_error_line, train_bytelevel, write_jsonl
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,14 +31,6 @@ def corpora(tmp_path_factory):
 def build(src, tok, prefix) -> subprocess.CompletedProcess:
     return run_cli(["build", "--tokenizer", str(tok), "--output-prefix", str(prefix), "--no-progress",
                     "--num-shards", "2", "--input", str(src)], timeout=300)
-
-
-def the_error_line(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    errors = [line for line in r.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, r.stderr
-    return errors[0]
 
 
 def partials(directory) -> list[str]:
