@@ -120,13 +120,23 @@ def ranking_text(summary: dict[str, dict[str, dict]], methods: list[str]) -> str
 
 
 def runtime_text(timing: dict) -> str:
-    """Wall, CPU and load of the run, and the quiet-machine wall time estimated from CPU time."""
+    """Wall time of every invocation, CPU and load of the run, and the quiet-machine wall time estimated from CPU."""
     cpu = timing["train_cpu_s"] + timing["eval_cpu_s"]
     cores = timing.get("cores") or 1
     untimed = timing["runs"] - timing["train_runs_timed"]
-    return (f"Runtime: {timing['wall_s'] / 60:.1f} min wall (this invocation; earlier ones of a resumed run not included) with {timing['jobs']} runs side by side (load average "
-            f"{timing['load_start']} at the start, {timing['load_end']} at the end: other jobs on the machine stretch "
-            f"wall time, not CPU time); CPU time {timing['train_cpu_s'] / 60:.1f} min training + "
+    invocations = timing.get("invocations") or []
+    if invocations:
+        walls = [r["wall_s"] / 60 for r in invocations]
+        wall = (f"{sum(walls):.1f} min wall in {len(walls)} invocation(s) on this output directory ("
+                + " + ".join(f"{w:.1f}" for w in walls) + f" min, the longest {max(walls):.1f}; each up to "
+                f"{max(r['jobs'] for r in invocations)} runs side by side; load average "
+                + ", ".join(f"{r['load_start']} → {r['load_end']}" for r in invocations)
+                + " at each one's start → end: other jobs on the machine stretch wall time, not CPU time)")
+    else:
+        wall = (f"{timing['wall_s'] / 60:.1f} min wall (this invocation; earlier ones of a resumed run were not "
+                f"recorded) with {timing['jobs']} runs side by side (load average {timing['load_start']} at the "
+                f"start, {timing['load_end']} at the end: other jobs on the machine stretch wall time, not CPU time)")
+    return (f"Runtime: {wall}; CPU time {timing['train_cpu_s'] / 60:.1f} min training + "
             f"{timing['eval_cpu_s'] / 60:.1f} min evaluation = {cpu / 60:.1f} min; **estimated** wall time on a quiet "
             f"{cores}-core machine ≈ CPU / {cores} = {cpu / cores / 60:.1f} min (an estimate, not a measurement)"
             + (f"; {untimed} run(s) trained by an earlier invocation without timing are not counted" if untimed else "")

@@ -216,6 +216,28 @@ def timings(out: Path, runs: dict[tuple[str, str, int], Path], records: list[dic
                                                                if (path := out / "timing" / f"{run_dir.name}.json").is_file()}}
 
 
+INVOCATIONS = "invocations.json"  # under timing/: one record per training invocation on the output directory
+
+
+def record_invocation(out: Path, record: dict) -> list[dict]:
+    """Add or update (same "started") this invocation's record in timing/invocations.json; returns all records.
+
+    A resumable suite may be split across invocations, so the report sums their wall times instead of
+    showing only the last one's.
+    """
+    from data_prep.errors import write_text_atomic
+
+    path = out / "timing" / INVOCATIONS
+    records = json.loads(path.read_text()) if path.is_file() else []
+    records = [r for r in records if r["started"] != record["started"]] + [record]
+    write_text_atomic(path, json.dumps(records, indent=1), what="the suite's invocation timings")
+    return records
+
+
+def _timed_runs(out: Path) -> set[str]:
+    return {p.name for p in (out / "timing").glob("*.json") if p.name != INVOCATIONS}
+
+
 def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str, jobs: int = 1,
               report_only: bool = False) -> Path:
     """Train, evaluate, report, one (seed, task) block at a time, rewriting the report after each block
@@ -229,6 +251,8 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
 
     started, load_start = time.time(), _load()
     out.mkdir(parents=True, exist_ok=True)
+    timed_before = _timed_runs(out)
+    invocations = json.loads(path.read_text()) if (path := out / "timing" / INVOCATIONS).is_file() else []
     runs: dict[tuple[str, str, int], Path] = {}
     records: list[dict] = []
     report = out / "report.md"
@@ -247,6 +271,12 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
                 continue
             timing = {**timings(out, runs, records), "wall_s": time.time() - started, "jobs": jobs,
                       "load_start": load_start, "load_end": _load()}
+            if not report_only:
+                invocations = record_invocation(out, {
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+                    "wall_s": timing["wall_s"], "jobs": jobs, "load_start": load_start, "load_end": timing["load_end"],
+                    "runs_trained": len(_timed_runs(out) - timed_before), "seeds": seeds, "tasks": list(preset.tasks)})
+            timing["invocations"] = invocations
             report = write_report(out, preset_name, preset, records, sorted({r["seed"] for r in records}), timing)
             if not report_only:
                 _log(f"report of {len(records)} of {len(preset.tasks) * len(preset.methods) * len(seeds)} runs: "

@@ -61,6 +61,25 @@ def test_runtime_text_labels_the_quiet_machine_wall_time_an_estimate_from_cpu_ti
     assert "9.0" in text
 
 
+def test_runtime_text_sums_the_wall_time_of_every_invocation_of_a_split_run():
+    timing = {"wall_s": 5, "train_cpu_s": 1500, "eval_cpu_s": 300, "jobs": 2, "cores": 2, "runs": 16,
+              "train_runs_timed": 16, "load_start": "0.1", "load_end": "0.2",
+              "invocations": [{"wall_s": 3000, "jobs": 2, "load_start": "1.0", "load_end": "2.0"},
+                              {"wall_s": 1800, "jobs": 2, "load_start": "2.5", "load_end": "2.1"}]}
+    text = runtime_text(timing)
+    assert "80.0 min wall in 2 invocation(s)" in text and "(50.0 + 30.0 min, the longest 50.0" in text
+    assert "1.0 → 2.0, 2.5 → 2.1" in text and "this invocation" not in text
+
+
+def test_record_invocation_updates_its_own_record_and_keeps_the_others(tmp_path):
+    from pretrain.tasks.suite import record_invocation
+
+    record_invocation(tmp_path, {"started": "a", "wall_s": 1})
+    record_invocation(tmp_path, {"started": "b", "wall_s": 2})
+    assert record_invocation(tmp_path, {"started": "b", "wall_s": 3}) == [{"started": "a", "wall_s": 1},
+                                                                           {"started": "b", "wall_s": 3}]
+
+
 def test_reach_is_the_longest_length_before_accuracy_first_drops_below_half():
     from pretrain.tasks.compare import reach
 

@@ -66,6 +66,17 @@ def test_two_seeds_report_mean_and_spread_and_a_report_only_rerun_trains_nothing
     assert again.returncode == 0 and "to train" not in again.stdout and "[eval" not in again.stdout
 
 
+def test_every_training_invocation_is_recorded_and_a_report_only_one_is_not(tmp_path):
+    first = reproduce_tasks(tmp_path, "--methods", "rope")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = reproduce_tasks(tmp_path, "--methods", "rope", "nope")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert reproduce_tasks(tmp_path, "--methods", "rope", "nope", "--report-only").returncode == 0
+    invocations = json.loads((tmp_path / "timing" / "invocations.json").read_text())
+    assert [r["runs_trained"] for r in invocations] == [1, 1] and all(r["wall_s"] > 0 for r in invocations)
+    assert "in 2 invocation(s) on this output directory" in (tmp_path / "report.md").read_text()
+
+
 def test_report_only_without_evaluations_is_one_line_and_exit_code_2(tmp_path):
     proc = reproduce_tasks(tmp_path, "--report-only")
     assert proc.returncode == 2 and "run without --report-only first" in proc.stderr and "Traceback" not in proc.stderr
