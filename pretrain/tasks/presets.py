@@ -114,7 +114,7 @@ PRESETS: dict[str, SuitePreset] = {
     # at the warping paper's N = 8, sort at N = 5 (its window is ~6 tokens per unit of length, so
     # N = 8 would triple sort's per-step and evaluation cost); 600 steps (cpu-small's RoPE copy loss
     # was 0.02 by step 500), 200 examples per length. 64 runs.
-    # Kept under this name so the 2026-11-23 run (results/tasks_cpu-long_seed42*) stays reproducible: its
+    # Kept under this name so the 2026-11-23 run (results/tasks_cpu-long-600_seed42*) stays reproducible: its
     # RoPE baseline missed the learnability gate on 5 of 8 tasks, so it is superseded by cpu-long above.
     "cpu-long-600": SuitePreset(tasks={"copy": (1, 10), "copy2": (1, 10), "reverse": (1, 10), "addition": (2, 8),
                                        "sort": (1, 5), "summation": (1, 8), "duplicate": (1, 10),
