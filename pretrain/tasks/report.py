@@ -132,6 +132,9 @@ def runtime_text(timing: dict) -> str:
                 f"{max(r['jobs'] for r in invocations)} runs side by side; load average "
                 + ", ".join(f"{r['load_start']} → {r['load_end']}" for r in invocations)
                 + " at each one's start → end: other jobs on the machine stretch wall time, not CPU time)")
+    elif timing.get("report_only"):
+        wall = ("wall time not recorded (a --report-only report of runs whose training invocations predate "
+                "timing/invocations.json)")
     else:
         wall = (f"{timing['wall_s'] / 60:.1f} min wall (this invocation; earlier ones of a resumed run were not "
                 f"recorded) with {timing['jobs']} runs side by side (load average {timing['load_start']} at the "

@@ -270,7 +270,7 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
             if not records:
                 continue
             timing = {**timings(out, runs, records), "wall_s": time.time() - started, "jobs": jobs,
-                      "load_start": load_start, "load_end": _load()}
+                      "load_start": load_start, "load_end": _load(), "report_only": report_only}
             if not report_only:
                 invocations = record_invocation(out, {
                     "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),

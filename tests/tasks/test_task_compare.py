@@ -71,6 +71,13 @@ def test_runtime_text_sums_the_wall_time_of_every_invocation_of_a_split_run():
     assert "1.0 → 2.0, 2.5 → 2.1" in text and "this invocation" not in text
 
 
+def test_a_report_only_report_without_recorded_invocations_claims_no_wall_time():
+    timing = {"wall_s": 5, "train_cpu_s": 1500, "eval_cpu_s": 300, "jobs": 2, "cores": 2, "runs": 16,
+              "train_runs_timed": 16, "load_start": "0.1", "load_end": "0.2", "report_only": True}
+    text = runtime_text(timing)
+    assert "wall time not recorded" in text and "0.1 min" not in text and "30.0 min" in text
+
+
 def test_record_invocation_updates_its_own_record_and_keeps_the_others(tmp_path):
     from pretrain.tasks.suite import record_invocation
 
