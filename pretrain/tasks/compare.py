@@ -57,19 +57,27 @@ def _pct(entry: dict, metric: str = "accuracy") -> str:
 
 
 def difference(a: dict, b: dict, metric: str = "accuracy") -> tuple[float, float, str]:
-    """(a − b, SE of the difference, 'higher' | 'lower' | 'no significant difference' at 2 SE)."""
-    se_key = "se" if metric == "accuracy" else "token_se"
+    """(a − b, SE of the difference, 'higher' | 'lower' | 'no significant difference').
+
+    Significant means beyond 2 binomial SEs and, with several seeds, beyond the seeds' spread (sd_a + sd_b), the
+    rule the tables' bold and the rankings use: a gap that one more seed could close is no verdict.
+    """
+    se_key, sd_key = ("se", "sd") if metric == "accuracy" else ("token_se", "token_sd")
     delta, se = a[metric] - b[metric], math.sqrt(a[se_key] ** 2 + b[se_key] ** 2)
-    verdict = "no significant difference" if abs(delta) <= 2 * se else ("higher" if delta > 0 else "lower")
+    spread = a.get(sd_key, 0.0) + b.get(sd_key, 0.0)
+    verdict = "no significant difference" if abs(delta) <= max(2 * se, spread) else ("higher" if delta > 0 else "lower")
     return delta, se, verdict
 
 
 def all_lengths(row: dict, count: int) -> dict:
-    """Mean exact match over every evaluated length ≥ 2 (the warping paper's Table A averaging), ± SE."""
-    accuracy = [a for length, a in zip(row["lengths"], row["accuracy"]) if length >= 2]
+    """Mean exact match over every evaluated length ≥ 2 (the warping paper's Table A averaging), ± SE, and an
+    upper bound of its seed sd (the mean of the per-length sds)."""
+    pairs = [(a, sd) for length, a, sd in zip(row["lengths"], row["accuracy"],
+                                                row.get("accuracy_sd", [0.0] * len(row["lengths"]))) if length >= 2]
+    accuracy = [a for a, _ in pairs]
     n = count * len(row["seeds"])
     se = math.sqrt(sum(a * (1 - a) / n for a in accuracy)) / len(accuracy)
-    return {"accuracy": sum(accuracy) / len(accuracy), "se": se}
+    return {"accuracy": sum(accuracy) / len(accuracy), "se": se, "sd": sum(sd for _, sd in pairs) / len(pairs)}
 
 
 def reach(row: dict, threshold: float = 0.5) -> int:
@@ -162,6 +170,7 @@ def paper_comparison(summary: dict[str, dict[str, dict]], count: int) -> list[st
         if mine is None or base is None or mine.get(claim.metric_key) is None or base.get(claim.metric_key) is None:
             continue
         delta, se, verdict = difference(mine, base, claim.metric_key)
+        sd_key = "sd" if claim.metric_key == "accuracy" else "token_sd"
         if claim.baseline_value is None:
             theirs = f"{claim.method} {claim.method_value:.1f} ({claim.baseline} without it: near 0 in Fig. 3)"
             paper_direction = "higher"
@@ -179,6 +188,8 @@ def paper_comparison(summary: dict[str, dict[str, dict]], count: int) -> list[st
         name = "exact match" if claim.metric_key == "accuracy" else "per-token accuracy"
         lines.append(f"- {claim.task}, {claim.method} vs {claim.baseline} — paper ({claim.source}): {theirs}; "
                      f"ours ({scope}, {name}): {_pct(mine, claim.metric_key)} vs {_pct(base, claim.metric_key)} "
-                     f"(Δ {100 * delta:+.1f} ± "
-                     f"{100 * se:.1f}) → {agreement}.")
+                     f"(Δ {100 * delta:+.1f} ± {100 * se:.1f} SE"
+                     + (f", seed sd {100 * mine.get(sd_key, 0.0):.1f} / {100 * base.get(sd_key, 0.0):.1f}"
+                        if len(rows[claim.method].get("seeds", [])) > 1 else "")
+                     + f") → {agreement}.")
     return lines

@@ -22,6 +22,11 @@ def test_a_difference_within_two_standard_errors_is_not_significant():
     assert difference(part(0.42), part(0.4))[2] == "no significant difference"
 
 
+def test_a_difference_within_the_seeds_spread_is_not_significant_however_small_the_se():
+    assert difference({**part(0.5), "sd": 0.06}, {**part(0.4), "sd": 0.05})[2] == "no significant difference"
+    assert difference({**part(0.5), "sd": 0.04}, {**part(0.4), "sd": 0.05})[2] == "higher"
+
+
 def test_findings_say_which_methods_beat_and_which_do_not_beat_the_baseline():
     summary = {"copy": {"rope": row(0.99, 0.10), "rfs": row(0.99, 0.40), "rpe": row(0.99, 0.11)}}
     text = baseline_findings(summary, ["rope", "rfs", "rpe"])[0]
