@@ -51,8 +51,13 @@ PAPER_CLAIMS: tuple[PaperClaim, ...] = (
 )
 
 
+def _spread_keys(metric: str) -> tuple[str, str]:
+    """(binomial SE key, seed sd key) of `metric` in a summary part."""
+    return ("se", "sd") if metric == "accuracy" else ("token_se", "token_sd")
+
+
 def _pct(entry: dict, metric: str = "accuracy") -> str:
-    se = "se" if metric == "accuracy" else "token_se"
+    se = _spread_keys(metric)[0]
     return f"{100 * entry[metric]:.1f} ± {100 * entry[se]:.1f}"
 
 
@@ -62,7 +67,7 @@ def difference(a: dict, b: dict, metric: str = "accuracy") -> tuple[float, float
     Significant means beyond 2 binomial SEs and, with several seeds, beyond the seeds' spread (sd_a + sd_b), the
     rule the tables' bold and the rankings use: a gap that one more seed could close is no verdict.
     """
-    se_key, sd_key = ("se", "sd") if metric == "accuracy" else ("token_se", "token_sd")
+    se_key, sd_key = _spread_keys(metric)
     delta, se = a[metric] - b[metric], math.sqrt(a[se_key] ** 2 + b[se_key] ** 2)
     spread = a.get(sd_key, 0.0) + b.get(sd_key, 0.0)
     verdict = "no significant difference" if abs(delta) <= max(2 * se, spread) else ("higher" if delta > 0 else "lower")
@@ -170,7 +175,7 @@ def paper_comparison(summary: dict[str, dict[str, dict]], count: int) -> list[st
         if mine is None or base is None or mine.get(claim.metric_key) is None or base.get(claim.metric_key) is None:
             continue
         delta, se, verdict = difference(mine, base, claim.metric_key)
-        sd_key = "sd" if claim.metric_key == "accuracy" else "token_sd"
+        sd_key = _spread_keys(claim.metric_key)[1]
         if claim.baseline_value is None:
             theirs = f"{claim.method} {claim.method_value:.1f} ({claim.baseline} without it: near 0 in Fig. 3)"
             paper_direction = "higher"

@@ -98,7 +98,8 @@ PRESETS: dict[str, SuitePreset] = {
     # left RoPE at 89.0 % (seed 42: its loss plateaued near 0.2 until step ~1,200, then dropped), so 3,000;
     # summation is cut to N = 5 (N = 8 was at 31 % after
     # 600 steps; N = 5 reaches 99 % at step 1,500 of 2,000 in the seed-42 probe), 2,000 steps: the evidence run's
-    # 1,500-step schedule left RoPE at 99.5 % (seed 42) but 87.9 % (seed 137), a mean below the gate; sort to N = 3 (1–4-digit items make its window
+    # 1,500-step schedule left RoPE at 99.5 % (seed 42) but 87.9 % (seed 137), a mean below the gate;
+    # sort to N = 3 (1–4-digit items make its window
     # ~6 tokens per item; N = 5 was at 47.5 %; N = 4 reached 93 % at step 1,500 and 96 % at 2,000, with
     # n ≤ 3 at 95–100 % by 1,500); addition to N = 4 digits at lr 2e-3 (N = 5 at 3e-3 reached only 67 % in
     # 1,600 steps: the most-significant-digit-first answer needs the carry before it is written; N = 4 at

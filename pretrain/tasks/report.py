@@ -119,6 +119,9 @@ def ranking_text(summary: dict[str, dict[str, dict]], methods: list[str]) -> str
     return "\n\n".join(text)
 
 
+_LOAD_NOTE = "other jobs on the machine stretch wall time, not CPU time"
+
+
 def runtime_text(timing: dict) -> str:
     """Wall time of every invocation, CPU and load of the run, and the quiet-machine wall time estimated from CPU."""
     cpu = timing["train_cpu_s"] + timing["eval_cpu_s"]
@@ -131,14 +134,14 @@ def runtime_text(timing: dict) -> str:
                 + " + ".join(f"{w:.1f}" for w in walls) + f" min, the longest {max(walls):.1f}; each up to "
                 f"{max(r['jobs'] for r in invocations)} runs side by side; load average "
                 + ", ".join(f"{r['load_start']} → {r['load_end']}" for r in invocations)
-                + " at each one's start → end: other jobs on the machine stretch wall time, not CPU time)")
+                + f" at each one's start → end: {_LOAD_NOTE})")
     elif timing.get("report_only"):
         wall = ("wall time not recorded (a --report-only report of runs whose training invocations predate "
                 "timing/invocations.json)")
     else:
         wall = (f"{timing['wall_s'] / 60:.1f} min wall (this invocation; earlier ones of a resumed run were not "
                 f"recorded) with {timing['jobs']} runs side by side (load average {timing['load_start']} at the "
-                f"start, {timing['load_end']} at the end: other jobs on the machine stretch wall time, not CPU time)")
+                f"start, {timing['load_end']} at the end: {_LOAD_NOTE})")
     return (f"Runtime: {wall}; CPU time {timing['train_cpu_s'] / 60:.1f} min training + "
             f"{timing['eval_cpu_s'] / 60:.1f} min evaluation = {cpu / 60:.1f} min; **estimated** wall time on a quiet "
             f"{cores}-core machine ≈ CPU / {cores} = {cpu / cores / 60:.1f} min (an estimate, not a measurement)"
