@@ -10,7 +10,7 @@ MCORE_NEWEST := 0.19.2
 VENV_NEWEST := .venv-mcore-$(MCORE_NEWEST)
 BIN_NEWEST := $(VENV_NEWEST)/bin
 # Its fast suite, plus the slow tests that save, resume and export Megatron checkpoints (the API that moved in 0.19).
-NEWEST_CHECKPOINT_TESTS := tests/trainer/test_train.py tests/trainer/test_faults_checkpoint.py \
+NEWEST_CHECKPOINT_TESTS := tests/trainer/test_train.py tests/trainer/test_faults_checkpoint.py tests/trainer/test_megatron_upgrade.py \
 	tests/hf/test_hf_export_checkpoint.py
 # OpenMPI (MPI data_prep tests) and SLURM + munge + PMIx (the real local cluster the launcher tests use).
 APT_PACKAGES := openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge libpmix-dev
