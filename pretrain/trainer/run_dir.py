@@ -98,8 +98,14 @@ def verify(path: str | Path, *, checksums: bool = True) -> str | None:
         return f"{STATE} holds no iteration number"
     files = record.get("files")
     if files is None:  # saved before completeness records: dist_checkpointing's own files at least
-        missing = [n for n in ("metadata.json", ".metadata", "common.pt") if not (path / n).is_file()]
-        return f"{missing[0]} is missing" if missing else None
+        missing = [n for n in ("metadata.json", ".metadata") if not (path / n).is_file()]
+        if missing:
+            return f"{missing[0]} is missing"
+        try:  # megatron-core 0.16 writes common.pt and names its backend here; 0.19 keeps that state in .distcp
+            names_common = "common_backend" in json.loads((path / "metadata.json").read_text())
+        except (OSError, ValueError, TypeError):
+            return "metadata.json is not valid JSON"
+        return "common.pt is missing" if names_common and not (path / "common.pt").is_file() else None
     try:
         for name, expected in files.items():
             file = path / name

@@ -198,3 +198,18 @@ def test_save_never_replaces_an_existing_checkpoint(megatron_world, tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="checkpoint.save="):
         checkpoint.save(tmp_path, 3, engine, {}, keep_last=1)
     assert (existing / "train_state.json").read_text() == '{"iteration": 3}'
+
+
+@pytest.mark.parametrize("metadata, expected", [
+    ({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
+      "common_backend_version": 1}, "common.pt is missing"),  # megatron-core 0.16's layout
+    ({"sharded_backend": "torch_dist", "sharded_backend_version": 1}, None),  # 0.19's: no common.pt
+], ids=["megatron-core-0.16", "megatron-core-0.19"])
+def test_checkpoint_without_completeness_records_needs_common_pt_only_where_its_metadata_names_it(
+        tmp_path, metadata, expected):
+    from pretrain.trainer.run_dir import verify
+
+    (tmp_path / "train_state.json").write_text('{"iteration": 4}')
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    (tmp_path / ".metadata").write_bytes(b"index")
+    assert verify(tmp_path) == expected
