@@ -337,7 +337,7 @@ def is_megatron_checkpoint(path: str | Path) -> bool:
 def _scaling(kind: str | None, factor: float | None, window: int) -> RopeScaling | None:
     if kind is None or kind == "none":
         if factor is not None:
-            raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn")
+            raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn|llama3")
         return None
     return RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=window)
 
@@ -367,6 +367,7 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
                        extra={"iteration": iteration, "positions": plain_fields(config.positions),
                               "data_path": config.data.data_path})
         scaling = _scaling(rope_scaling, factor, window)
+        config.model.check_positions(config.positions.strategy, None if scaling is None else scaling.kind)
         if backend == "megatron":
             return MegatronScorer(model.to(device), config.model, info, positions=config.positions,
                                   rope_scaling=scaling)
