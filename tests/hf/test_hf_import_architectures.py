@@ -118,7 +118,7 @@ def test_export_of_an_import_gives_the_hf_logits_again(hf_dirs, imported, tmp_pa
 
 
 @pytest.mark.slow
-def test_tensor_parallel_imports_give_the_hf_logits(hf_dirs, tmp_path):
+def test_tensor_parallel_imports_give_the_hf_logits_and_export_back_to_them(megatron_world, hf_dirs, tmp_path):
     tokens, positions = tokens_for_test(seed=2), position_rows()
     torch.save(tokens, tmp_path / "tokens.pt")
     torch.save(positions, tmp_path / "positions.pt")
@@ -130,9 +130,13 @@ def test_tensor_parallel_imports_give_the_hf_logits(hf_dirs, tmp_path):
     logits = torch.load(tmp_path / "logits.pt")
     for arch in ARCHS:
         hf = auto_model(hf_dirs[arch])
+        # and the TP=2 checkpoint, resharded to one process by export-hf, is the HF model again
+        exported = auto_model(export_checkpoint(tmp_path / arch, tmp_path / f"hf_{arch}", no_tokenizer=True))
         for row, row_positions in enumerate(positions):
-            torch.testing.assert_close(logits[str(hf_dirs[arch])][row], hf_logits_at(hf, tokens, row_positions),
-                                       atol=2e-5, rtol=0, msg=lambda m: f"{arch}, positions row {row}: {m}")
+            expected = hf_logits_at(hf, tokens, row_positions)
+            torch.testing.assert_close(logits[str(hf_dirs[arch])][row], expected, atol=2e-5, rtol=0,
+                                       msg=lambda m: f"{arch}, positions row {row}: {m}")
+            torch.testing.assert_close(hf_logits_at(exported, tokens, row_positions), expected, atol=2e-5, rtol=0)
 
 
 def _fine_tune(run_dir, save_dir):
