@@ -122,7 +122,8 @@ class ModelConfig:
         self._check_recompute()
         if self.use_rope_scaling:
             if self.position_embedding_type != "rope":
-                raise ValueError("model.use_rope_scaling (Llama 3 RoPE scaling) needs model.position_embedding_type=rope")
+                raise ValueError("model.use_rope_scaling (Llama 3 RoPE scaling) needs "
+                                 "model.position_embedding_type=rope")
             self.rope_scaling()  # validates the factors
 
     def rope_scaling(self):
