@@ -10,6 +10,12 @@ comment block at its top.
 
 Call `apply()` before building models or process groups (and `install_import_shims()`
 before the first `import megatron.core`, which `apply()` does for you).
+
+Versions (megatron_ext/versions.py; `make test` runs the suite on both ends): every patch and
+the import shim are checked against megatron-core 0.16.1 and 0.19.2. Patches 1-5 and 7 serve
+both; patch 6 and the import shim serve only 0.19+ call sites and change nothing that 0.16.1
+calls, so no version switch is needed here (the one switch between the two lives in
+pretrain/trainer/checkpoint.py).
 """
 
 from __future__ import annotations

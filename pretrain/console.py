@@ -4,13 +4,15 @@ to plain periodic lines when output goes to a file (SLURM logs, pipes, CI).
 
 `quiet_known_warnings()` is installed first thing by `python -m pretrain` and `python -m
 data_prep`. Each entry of `KNOWN_HARMLESS` matches one exact message (and the module that
-issues it) and says why it is harmless; every other warning still shows.
+issues it) and says why it is harmless; `KNOWN_HARMLESS_LOG_LINES` does the same for library
+log lines at WARNING; every other warning still shows.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 import warnings
@@ -36,8 +38,23 @@ KNOWN_HARMLESS = (
                  "`python -m pretrain selfcheck` reports which of TE/Apex are installed"),
     KnownWarning(UserWarning, r"Apex is not installed\. Falling back to Torch Norm", r"megatron\.core\.",
                  "Apex is optional; the torch RMSNorm is what the local spec uses on CPU"),
-    KnownWarning(UserWarning, r"full scope is deprecated\. Use empty cuda_graph_scope", r"megatron\.core\.transformer",
-                 "Megatron-Core 0.16's own default (cuda_graph_scope='full') triggers it; we use no CUDA graphs"),
+    KnownWarning(UserWarning, r"full scope is deprecated\. Use empty cuda_graph_",
+                 r"megatron\.core\.transformer",
+                 "Megatron-Core's own default (0.16: cuda_graph_scope='full'; 0.19: its migration to "
+                 "cuda_graph_modules) triggers it; we use no CUDA graphs"),
+    KnownWarning(UserWarning, r"MimoModelConfig is experimental", r"megatron\.core\.models\.mimo",
+                 "Megatron-Core 0.19's package imports define its multimodal config class; we never use it"),
+    KnownWarning(UserWarning, r"Could not determine rank from torch\.distributed, RANK, or SLURM_PROCID",
+                 r"megatron\.core\._rank_utils",
+                 "Megatron-Core 0.19 asks for a rank where data_prep writes shards outside any process group; "
+                 "rank 0 is right there"),
+    KnownWarning(UserWarning, r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent "
+                 r"is to load in a single process", r"torch\.distributed\.checkpoint",
+                 "Megatron-Core 0.19 loads a checkpoint through torch.distributed.checkpoint in one-process runs, "
+                 "evaluation and export, where no process group exists; a single-process load is what is meant"),
+    KnownWarning(UserWarning, r"The argument order of load has been changed", r"torch\.distributed\.checkpoint",
+                 "Megatron-Core 0.19 calls torch.distributed.checkpoint.load with its arguments by keyword order "
+                 "of an older torch; the call is Megatron's, the load is correct (resume tests compare losses)"),
     KnownWarning(FutureWarning, r"Please use DTensor instead and we are deprecating ShardedTensor",
                  r"(megatron\.core\.|megatron_ext\.cpu_compat|torch\.distributed)",
                  "Megatron-Core 0.16's dist_checkpointing is built on ShardedTensor; nothing to change on our side"),
@@ -49,6 +66,37 @@ KNOWN_HARMLESS = (
                  "our shards have no pad token (pad = EOD is only a placeholder); Megatron then masks nothing, "
                  "which is what packed pretraining wants"),
 )
+
+@dataclass(frozen=True)
+class KnownLogLine:
+    """One library log line at WARNING or above that we know to be harmless here, and why."""
+
+    logger: str
+    message: str  # regex matched against the start of the message
+    reason: str
+
+
+KNOWN_HARMLESS_LOG_LINES = (
+    KnownLogLine("megatron.core.models.gpt.gpt_model", r"GPTModel IS DEPRECATED",
+                 "Megatron-Core 0.19 points new work to HybridModel; GPTModel is its supported dense decoder "
+                 "through 0.19, and the one this project's RoPE hook subclasses"),
+    KnownLogLine("megatron.core.dist_checkpointing.strategies.torch", r"MCore's async save is deprecated",
+                 "Megatron-Core 0.19 routes every torch_dist save through its async path and logs this once; our "
+                 "saves are synchronous (pretrain/trainer/checkpoint.py), and NVRx is not installed here"),
+)
+
+
+class _DropKnownLines(logging.Filter):
+    """Drops the KNOWN_HARMLESS_LOG_LINES of one logger."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        super().__init__()
+        self.patterns = [re.compile(pattern) for pattern in patterns]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not any(pattern.match(message) for pattern in self.patterns)
+
 
 # Megatron loggers that repeat per run at INFO what the console line already says.
 QUIET_LOGGERS = {
@@ -70,6 +118,9 @@ def quiet_known_warnings() -> None:
         warnings.filterwarnings("ignore", message=known.message, category=known.category, module=known.module)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in sorted({known.logger for known in KNOWN_HARMLESS_LOG_LINES}):
+        logging.getLogger(name).addFilter(
+            _DropKnownLines([known.message for known in KNOWN_HARMLESS_LOG_LINES if known.logger == name]))
     _installed = True
 
 

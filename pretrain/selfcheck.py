@@ -88,7 +88,24 @@ def check_versions() -> str:
     missing = [name for name in REQUIRED if found[name] is None]
     if missing:
         raise AssertionError(f"missing required package(s) {missing}: pip install -e .")
-    return ", ".join(f"{name} {version or '—'}" for name, version in found.items())
+    python = f"Python {sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    return ", ".join([python] + [f"{name} {version or '—'}" for name, version in found.items()])
+
+
+def check_megatron_core_range() -> str:
+    """The installed megatron-core lies in the range this project is tested on (setup.cfg's requirement)."""
+    from megatron_ext.versions import MEGATRON_CORE_REQUIREMENT, TESTED_MEGATRON_CORE, in_tested_range, \
+        megatron_core_version
+
+    installed = megatron_core_version()
+    tested = ", ".join(TESTED_MEGATRON_CORE)
+    if not in_tested_range(installed):
+        raise AssertionError(f"megatron-core {installed} is outside the tested range {MEGATRON_CORE_REQUIREMENT} "
+                             f"(tested: {tested}); the private reaches listed in megatron_ext/cpu_compat.py, "
+                             f"rope_hook.py and pretrain/trainer/checkpoint.py are unverified there: "
+                             f"pip install 'megatron-core{MEGATRON_CORE_REQUIREMENT}'")
+    exact = "tested" if str(installed) in TESTED_MEGATRON_CORE else "within the range, between tested ends"
+    return f"{installed}: {exact} ({MEGATRON_CORE_REQUIREMENT}; tested: {tested})"
 
 
 def check_devices() -> str:
@@ -256,7 +273,8 @@ def check_113m_throughput() -> str:
 
 
 CPU_CHECKS: dict[str, Callable[[], str]] = {
-    "versions": check_versions, "devices": check_devices, "tiny training (local, 5 steps)": check_tiny_training,
+    "versions": check_versions, "megatron-core range": check_megatron_core_range, "devices": check_devices,
+    "tiny training (local, 5 steps)": check_tiny_training,
     "local attention: SDPA vs Megatron": check_sdpa_vs_megatron_attention}
 CUDA_CHECKS: dict[str, Callable[[], str]] = {
     "TE vs local logits": check_te_vs_local, "fused vs unfused RoPE, float positions": check_fused_vs_unfused_rope,

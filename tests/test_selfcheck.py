@@ -1,6 +1,7 @@
 """`python -m pretrain selfcheck` on CPU: versions, devices and a real 5-step training pass; every CUDA
 check is skipped with the reason. ~30 s."""
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -15,7 +16,9 @@ def test_selfcheck_cpu_part_passes_and_cuda_checks_skip_with_the_reason():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = {line[:40].strip(): line[40:].split(None, 1) for line in proc.stdout.splitlines()[:-1]}
-    assert rows["versions"][0] == "INFO" and "megatron-core 0.16.1" in rows["versions"][1]
+    megatron_core = importlib.metadata.version("megatron-core")
+    assert rows["versions"][0] == "INFO" and f"megatron-core {megatron_core}" in rows["versions"][1]
+    assert rows["megatron-core range"] == ["PASS", f"{megatron_core}: tested (>=0.16.1,<0.20; tested: 0.16.1, 0.19.2)"]
     assert rows["tiny training (local, 5 steps)"][0] == "PASS" and "MFU" in rows["tiny training (local, 5 steps)"][1]
     assert rows["local attention: SDPA vs Megatron"][0] == "PASS"
     for name in CUDA_CHECKS:

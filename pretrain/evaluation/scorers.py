@@ -22,7 +22,7 @@ dropped), so the two backends compute the same distribution.
 # - `config._attn_implementation` (attention_entropy): switched to "eager" for one call, the only
 #   attention that returns probabilities, and restored.
 # - `DynamicCache.layers[i].keys/values` (_keep_last): truncated to the paper's sliding KV window.
-# Reaches into Megatron-Core internals (Megatron backend; checked against megatron-core 0.16.1):
+# Reaches into Megatron-Core internals (Megatron backend; checked against megatron-core 0.16.1 and 0.19.2):
 # - local `DotProductAttention.attention_dropout` (a submodule): a forward hook on it reads the attention
 #   probabilities for the entropy metric (SDPA cores take Megatron's unfused path for that call).
 

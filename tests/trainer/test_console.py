@@ -41,6 +41,25 @@ def test_every_silenced_warning_states_its_reason():
     assert all(len(known.reason) > 20 for known in KNOWN_HARMLESS)
 
 
+def test_known_harmless_log_lines_are_dropped_and_other_lines_of_their_loggers_still_show():
+    script = """
+import logging
+from pretrain.console import KNOWN_HARMLESS_LOG_LINES, quiet_known_warnings
+logging.basicConfig(format='%(name)s: %(message)s')
+quiet_known_warnings()
+for known in KNOWN_HARMLESS_LOG_LINES:
+    logging.getLogger(known.logger).warning(known.message.replace('\\\\', '') + ' and more')
+    logging.getLogger(known.logger).warning('something new happened')
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=60)
+    from pretrain.console import KNOWN_HARMLESS_LOG_LINES
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [f"{known.logger}: something new happened" for known in KNOWN_HARMLESS_LOG_LINES]
+    assert all(len(known.reason) > 20 for known in KNOWN_HARMLESS_LOG_LINES)
+
+
 def test_progress_into_a_file_prints_plain_lines_and_no_control_characters():
     out = io.StringIO()
     bar = Progress(4, desc="spans", stream=out, terminal=False, every_s=0.0)

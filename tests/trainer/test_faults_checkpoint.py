@@ -79,10 +79,10 @@ def test_truncated_latest_checkpoint_falls_back_and_is_kept_aside(run_dir):
 def test_run_dir_with_only_a_damaged_checkpoint_exits_2_naming_it_and_the_fix(run_dir, damage):
     shutil.rmtree(run_dir / "iter_0000002")
     latest = run_dir / "iter_0000004"
-    if damage == "truncated file":
-        truncate(latest / "__0_1.distcp")
-    elif damage == "missing file":
-        (latest / "common.pt").unlink()
+    if damage == "truncated file":  # the largest tensor file: megatron-core 0.16 writes two, 0.19 one
+        truncate(max(latest.glob("*.distcp"), key=lambda path: path.stat().st_size))
+    elif damage == "missing file":  # torch_dist's index, written by every tested megatron-core
+        (latest / ".metadata").unlink()
     else:
         (latest / "train_state.json").write_text("{'iteration': 4,")
     proc = train(run_dir, 6)
