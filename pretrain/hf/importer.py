@@ -153,21 +153,30 @@ def model_config_from_hf(hf_config, *, seq_length: int | None = None,
     if problems:
         raise ValueError(f"cannot import model_type {model_type!r}: " + "; ".join(problems)
                          + f"; supported: {supported_list()}")
-    heads = int(get("num_attention_heads"))
+
+    def need(key: str, source: dict | None = None, where: str = "config.json"):
+        value = get(key) if source is None else source.get(key)
+        if value is None:
+            raise ValueError(f"cannot import model_type {model_type!r}: {where} has no {key}")
+        return value
+
+    heads = int(need("num_attention_heads"))
     llama3 = {}
     if rope_type == "llama3":
-        llama3 = dict(use_rope_scaling=True, rope_scaling_factor=float(rope["factor"]),
-                      rope_scaling_low_freq_factor=float(rope["low_freq_factor"]),
-                      rope_scaling_high_freq_factor=float(rope["high_freq_factor"]),
-                      rope_scaling_original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
+        where = "its llama3 rope_scaling"
+        llama3 = dict(use_rope_scaling=True, rope_scaling_factor=float(need("factor", rope, where)),
+                      rope_scaling_low_freq_factor=float(need("low_freq_factor", rope, where)),
+                      rope_scaling_high_freq_factor=float(need("high_freq_factor", rope, where)),
+                      rope_scaling_original_max_position_embeddings=int(
+                          need("original_max_position_embeddings", rope, where)))
     return ModelConfig(
-        num_layers=int(get("num_hidden_layers")), hidden_size=int(get("hidden_size")),
-        ffn_hidden_size=int(get("intermediate_size")), num_attention_heads=heads,
+        num_layers=int(need("num_hidden_layers")), hidden_size=int(need("hidden_size")),
+        ffn_hidden_size=int(need("intermediate_size")), num_attention_heads=heads,
         num_query_groups=int(get("num_key_value_heads") or heads),
-        kv_channels=int(get("head_dim") or int(get("hidden_size")) // heads),
-        seq_length=int(seq_length or get("max_position_embeddings")), vocab_size=int(get("vocab_size")),
+        kv_channels=int(get("head_dim") or int(need("hidden_size")) // heads),
+        seq_length=int(seq_length or need("max_position_embeddings")), vocab_size=int(need("vocab_size")),
         make_vocab_size_divisible_by=make_vocab_size_divisible_by, rotary_base=theta,
-        rotary_interleaved=False, layernorm_epsilon=float(get("rms_norm_eps")),
+        rotary_interleaved=False, layernorm_epsilon=float(need("rms_norm_eps")),
         init_method_std=float(get("initializer_range", 0.02)),
         untie_embeddings_and_output_weights=not bool(get("tie_word_embeddings", False)),
         add_qkv_bias=model_type == "qwen2", **llama3)
@@ -207,7 +216,12 @@ def import_hf(hf_dir: str | Path, output: str | Path, *, tensor_parallel: int = 
     hf_dir, output = Path(hf_dir), Path(output)
     if not (hf_dir / "config.json").is_file():
         raise FileNotFoundError(f"{hf_dir}: no config.json (expected a Hugging Face model directory)")
-    hf_config = json.loads((hf_dir / "config.json").read_text())
+    try:
+        hf_config = json.loads((hf_dir / "config.json").read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{hf_dir / 'config.json'} is not valid JSON ({error}); download it again") from None
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"{hf_dir / 'config.json'} holds a {type(hf_config).__name__}, not a config mapping")
     model_config = model_config_from_hf(hf_config, seq_length=seq_length)
     raw = {"name": output.name, "seed": seed, "model": config_module.plain_fields(model_config),
            "parallel": {"tensor_model_parallel_size": tensor_parallel,

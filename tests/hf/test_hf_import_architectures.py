@@ -290,3 +290,25 @@ def test_llama_3_config_in_the_released_legacy_layout_imports_its_scaling(hf_dir
     model = model_config_from_hf(config)
     assert (model.rotary_base, model.use_rope_scaling, model.rope_scaling_factor,
             model.rope_scaling_original_max_position_embeddings) == (500000.0, True, 8.0, 8192)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c.pop("num_attention_heads"), "config.json has no num_attention_heads"),
+    (lambda c: c["rope_parameters"].pop("low_freq_factor"), "its llama3 rope_scaling has no low_freq_factor"),
+    (lambda c: c.pop("model_type"), "config.json names no model_type"),
+])
+def test_incomplete_config_is_refused_naming_the_missing_field(hf_dirs, tmp_path, capsys, edit, message):
+    config = json.loads((hf_dirs["llama3"] / "config.json").read_text())
+    edit(config)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert import_cli(["--hf", str(tmp_path / "hf"), "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_config_that_is_not_json_is_refused_naming_the_file(tmp_path, capsys):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{truncated")
+    assert import_cli(["--hf", str(tmp_path / "hf"), "--output", str(tmp_path / "run")]) == 2
+    assert "config.json is not valid JSON" in capsys.readouterr().err
