@@ -2,10 +2,9 @@
 
 Only what our Megatron model reproduces exactly is imported (SUPPORTED; logits equal the HF
 model's): every other architecture or feature is refused in one line naming the model type,
-what is missing, and the supported list, before anything is read or written.
-
-Everything that can be wrong with the input (config.json, an architecture we cannot express,
-missing or truncated safetensors) is found before anything is written. The run directory is
+what is missing, and the supported list. Everything that can be wrong with the input
+(config.json, an architecture we cannot express, HF tensors it does not declare, missing or
+truncated safetensors) is found before anything is written. The run directory is
 built next to the target (`<output>.tmp-import`) and swapped in only when complete, so
 `--overwrite` never costs the old run on a bad input.
 
@@ -64,7 +63,8 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 # The HF model types imported exactly, with what each brings beyond the PosAug architecture
-# (RMSNorm, SwiGLU, GQA, non-interleaved RoPE). README's "Hugging Face import" table says the same.
+# (RMSNorm, SwiGLU, GQA, non-interleaved RoPE). README's "Importing Hugging Face models" table has
+# one row per type (a test keeps the two in step).
 SUPPORTED = {
     "llama": "Llama 1-3.x, RoPE unscaled or llama3-scaled",
     "mistral": "Mistral without a sliding window",
@@ -115,7 +115,7 @@ def _sliding_window(get, model_type: str) -> str | None:
     if window in (None, 0):
         return None
     if model_type == "qwen2":
-        if get("use_sliding_window", False) and int(get("max_window_layers") or 0) < int(get("num_hidden_layers")):
+        if get("use_sliding_window", False) and int(get("max_window_layers") or 0) < int(get("num_hidden_layers") or 0):
             return f"sliding-window attention (use_sliding_window=true, sliding_window={window})"
         return None
     return f"sliding-window attention (sliding_window={window}; import a checkpoint with sliding_window null)"
