@@ -118,36 +118,44 @@ def test_export_of_an_import_gives_the_hf_logits_again(hf_dirs, imported, tmp_pa
 
 
 @pytest.mark.slow
-def test_tensor_parallel_imports_give_the_hf_logits_and_export_back_to_them(megatron_world, hf_dirs, tmp_path):
+def test_tensor_parallel_imports_give_the_hf_logits_train_and_export_back(megatron_world, hf_dirs, tmp_path):
     tokens, positions = tokens_for_test(seed=2), position_rows()
     torch.save(tokens, tmp_path / "tokens.pt")
     torch.save(positions, tmp_path / "positions.pt")
     pairs = [f"{hf_dirs[arch]}:{tmp_path / arch}" for arch in ARCHS]
     records = run_torchrun("tests/distributed/hf_import_logits.py", 2, "--tokens", str(tmp_path / "tokens.pt"),
                            "--positions", str(tmp_path / "positions.pt"), "--out", str(tmp_path / "logits.pt"),
-                           *pairs, timeout=300)
+                           "--train-steps", "2", *pairs, timeout=300)
     assert [r["tp"] for r in records] == [2] * len(ARCHS)
     logits = torch.load(tmp_path / "logits.pt")
-    for arch in ARCHS:
+    for arch, record in zip(ARCHS, records):
         hf = auto_model(hf_dirs[arch])
-        # and the TP=2 checkpoint, resharded to one process by export-hf, is the HF model again
+        # the TP=2 checkpoint, resharded to one process by export-hf, is the HF model again
         exported = auto_model(export_checkpoint(tmp_path / arch, tmp_path / f"hf_{arch}", no_tokenizer=True))
+        # and PosAug steps at TP=2 train every imported tensor (Qwen2's biases too), exported exactly
+        tuned, _ = megatron_model(record["tuned"])
+        before = megatron_model(tmp_path / arch)[0].state_dict()
+        unchanged = [k for k, v in tuned.state_dict().items() if torch.is_tensor(v) and "_extra_state" not in k
+                     and torch.equal(v, before[k])]
+        assert unchanged == []
+        assert any(k.endswith("linear_qkv.bias") for k in before) == (arch == "qwen2")
+        tuned_hf = auto_model(export_checkpoint(record["tuned"], tmp_path / f"tuned_{arch}", no_tokenizer=True))
         for row, row_positions in enumerate(positions):
             expected = hf_logits_at(hf, tokens, row_positions)
             torch.testing.assert_close(logits[str(hf_dirs[arch])][row], expected, atol=2e-5, rtol=0,
                                        msg=lambda m: f"{arch}, positions row {row}: {m}")
             torch.testing.assert_close(hf_logits_at(exported, tokens, row_positions), expected, atol=2e-5, rtol=0)
+            torch.testing.assert_close(hf_logits_at(tuned_hf, tokens, row_positions),
+                                       ours_at(tuned, tokens, row_positions), atol=2e-5, rtol=0)
 
 
-def _fine_tune(run_dir, save_dir, tp):
+def _fine_tune(run_dir, save_dir):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     overrides = [f"checkpoint.load={run_dir}", f"checkpoint.save={save_dir}", "positions.strategy=posaug",
                  "data.synthetic=true", "schedule.train_iters=2", "schedule.global_batch_size=2",
                  "schedule.micro_batch_size=1", "optimizer.lr=1e-2", "optimizer.lr_warmup_iters=0",
-                 "logging.eval_interval=100", f"parallel.tensor_model_parallel_size={tp}"]
-    launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={tp}"]
-                                   if tp > 1 else [])
-    command = [*launcher, "-m", "pretrain", "train", "--config", str(Path(run_dir) / "config.yaml")]
+                 "logging.eval_interval=100"]
+    command = [sys.executable, "-m", "pretrain", "train", "--config", str(Path(run_dir) / "config.yaml")]
     for item in overrides:
         command += ["--set", item]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
@@ -156,8 +164,7 @@ def _fine_tune(run_dir, save_dir, tp):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_posaug_fine_tune_from_an_import_trains_and_exports_exactly(imported, tmp_path, arch):
-    # Qwen2 fine-tunes at TP=2 from its TP=1 import: the biases are resharded, trained and saved sharded.
-    proc = _fine_tune(imported[arch], tmp_path / "tuned", tp=2 if arch == "qwen2" else 1)
+    proc = _fine_tune(imported[arch], tmp_path / "tuned")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "step 2/2" in proc.stdout and "α" in proc.stdout
     tuned, config = megatron_model(tmp_path / "tuned")
