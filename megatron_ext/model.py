@@ -3,10 +3,17 @@
 The named sizes (Table 1 and CPU models) live in pretrain/table.py.
 
 The architecture is the PosAug paper's: decoder-only, SwiGLU, RMSNorm, GQA, tied
-embeddings, RoPE (base 10000 by default, non-interleaved so it equals HF Llama's).
+embeddings, RoPE (base 10000 by default, non-interleaved so it equals HF Llama's). Imported
+models add what their architecture needs of Megatron's: q/k/v biases (Qwen2, add_qkv_bias) and
+Llama 3's RoPE scaling (use_rope_scaling).
 """
 
 from __future__ import annotations
+
+# Reaches into Megatron-Core (checked against megatron-core 0.16.1):
+# - RotaryEmbedding.inv_freq (a plain attribute of GPTModel.rotary_pos_emb) is replaced by the
+#   Llama-3-scaled frequencies with model.use_rope_scaling: Megatron's own rope_scaling hard-codes
+#   the original window 8192 and the low/high frequency factors 1 and 4, which HF reads from config.
 
 import dataclasses
 import logging
@@ -64,6 +71,16 @@ class ModelConfig:
     # megatron = Megatron's DotProductAttention (baddbmm + masked softmax + bmm). Same math and
     # weights; sdpa falls back to megatron's path for calls it does not cover (megatron_ext.sdpa_attention).
     core_attention: str = "sdpa"
+    # Biases on the q/k/v projections only (Qwen2), as Megatron's TransformerConfig.add_qkv_bias.
+    add_qkv_bias: bool = False
+    # Llama 3.x RoPE scaling of the model's own frequencies (Megatron's --use-rope-scaling and
+    # --rope-scaling-factor; the other three are the constants Megatron fixes, as HF's rope_scaling
+    # names them). It is part of the model: training, evaluation and export all rotate by it.
+    use_rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
+    rope_scaling_low_freq_factor: float = 1.0
+    rope_scaling_high_freq_factor: float = 4.0
+    rope_scaling_original_max_position_embeddings: int = 8192
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -103,6 +120,45 @@ class ModelConfig:
         if self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES} (got {self.fp8_recipe!r})")
         self._check_recompute()
+        if self.use_rope_scaling:
+            if self.position_embedding_type != "rope":
+                raise ValueError("model.use_rope_scaling (Llama 3 RoPE scaling) needs "
+                                 "model.position_embedding_type=rope")
+            self.rope_scaling()  # validates the factors
+
+    def rope_scaling(self):
+        """The model's own RoPE scaling (megatron_ext.positions.RopeScaling 'llama3'), None without one."""
+        from megatron_ext.positions import RopeScaling
+
+        if not self.use_rope_scaling:
+            return None
+        try:
+            return RopeScaling(kind="llama3", factor=float(self.rope_scaling_factor),
+                               original_max_position_embeddings=int(self.rope_scaling_original_max_position_embeddings),
+                               low_freq_factor=float(self.rope_scaling_low_freq_factor),
+                               high_freq_factor=float(self.rope_scaling_high_freq_factor))
+        except ValueError as error:
+            raise ValueError(f"model.use_rope_scaling: {error} (model.rope_scaling_* fields)") from None
+
+    def inv_freq(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The model's RoPE inverse frequencies [rotary_dim // 2] (Llama 3 scaled with use_rope_scaling)."""
+        from megatron_ext.positions import rope_inv_freq, scaled_inv_freq
+
+        scaling = self.rope_scaling()
+        if scaling is None:
+            return rope_inv_freq(self.rotary_dim, self.rotary_base, device)
+        return scaled_inv_freq(self.rotary_dim, self.rotary_base, scaling, self.seq_length, device)[0]
+
+    def check_positions(self, strategy: str, rope_scaling: str | None) -> None:
+        """Refuse position settings that would drop the model's own Llama 3 scaling (ValueError naming them)."""
+        if not self.use_rope_scaling:
+            return
+        if strategy == "random_base":
+            raise ValueError("positions.strategy=random_base draws plain RoPE frequencies, which would drop the "
+                             "model's Llama 3 RoPE scaling (model.use_rope_scaling); use posaug, rfs, rpe or warp")
+        if rope_scaling not in (None, "none"):
+            raise ValueError(f"rope scaling {rope_scaling!r} cannot be added to the model's own Llama 3 RoPE scaling "
+                             "(model.use_rope_scaling; an HF config holds one rope type): drop it")
 
     def _check_recompute(self) -> None:
         """Megatron's TransformerConfig rules for recompute_*, raised before any model is built."""
@@ -135,7 +191,7 @@ class ModelConfig:
         """Parameters outside the (tied) embedding: what the PosAug paper's Table 1 counts."""
         h, f, d = self.hidden_size, self.ffn_hidden_size, self.kv_channels
         q, kv = self.num_attention_heads * d, self.num_query_groups * d
-        attention = h * (q + 2 * kv) + q * h
+        attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.add_qkv_bias else 0)
         mlp = h * 2 * f + f * h  # SwiGLU: gate and up in fc1, down in fc2
         norms = 2 * h
         return self.num_layers * (attention + mlp + norms) + h  # + final norm
@@ -262,6 +318,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
         normalization="RMSNorm",
         layernorm_epsilon=model.layernorm_epsilon,
         add_bias_linear=False,
+        add_qkv_bias=model.add_qkv_bias,
         hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
         init_method_std=model.init_method_std,
@@ -341,7 +398,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
             from megatron_ext.sdpa_attention import with_core_attention
 
             spec = with_core_attention(spec, model.core_attention)
-    return FloatPositionGPTModel(
+    gpt = FloatPositionGPTModel(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=model.padded_vocab_size(parallel.tensor_model_parallel_size),
@@ -354,6 +411,11 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         rotary_base=int(model.rotary_base) if float(model.rotary_base).is_integer() else model.rotary_base,
         vp_stage=vp_stage,
     )
+    if model.use_rope_scaling:
+        # Megatron's own rope_scaling fixes the original window at 8192; HF's llama3 takes it from the config.
+        rotary = gpt.rotary_pos_emb
+        rotary.inv_freq = model.inv_freq(rotary.inv_freq.device)
+    return gpt
 
 
 def model_config_dict(model: ModelConfig) -> dict:

@@ -43,8 +43,8 @@ from .config import (ALPHA_DISTRIBUTIONS, CURRICULA, DEFAULT_GRANULARITY, GRANUL
 from .rng import position_generator
 from .rope_positions import RopePositions
 from .sampler import PositionSampler, build_sampler
-from .scaling import (HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, RopeScaling, rope_inv_freq,
-                      scaled_inv_freq, scaling_kind)
+from .scaling import (HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, RopeScaling, llama3_inv_freq,
+                      rope_inv_freq, scaled_inv_freq, scaling_kind)
 
 __all__ = [
     "ALPHA_DISTRIBUTIONS",
@@ -62,6 +62,7 @@ __all__ = [
     "RopePositions",
     "RopeScaling",
     "build_sampler",
+    "llama3_inv_freq",
     "position_generator",
     "rope_inv_freq",
     "scaled_inv_freq",

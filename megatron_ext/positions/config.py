@@ -129,7 +129,7 @@ class PositionConfig:
     tail_function: str = "sqrt"  # sqrt | beta_2_5
 
     # Inference-time transform applied by PositionSampler.evaluation on top of the strategy.
-    rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn
+    rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn | llama3
     rope_scaling_factor: float | None = None  # None -> eval_len / train_len
 
     def __post_init__(self) -> None:

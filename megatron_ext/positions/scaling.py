@@ -1,8 +1,14 @@
-"""RoPE inverse frequencies and inference-time frequency transforms (PI, NTK, dynamic NTK, YaRN).
+"""RoPE inverse frequencies and frequency transforms (PI, NTK, dynamic NTK, YaRN, Llama 3).
 
 The formulas follow Hugging Face transformers' `ROPE_INIT_FUNCTIONS` ('linear',
-'dynamic', 'yarn') so that a model trained here and evaluated with an HF-style
+'dynamic', 'yarn', 'llama3') so that a model trained here and evaluated with an HF-style
 rope_scaling config sees the same frequencies (tests compare within 1e-6).
+
+Every kind is a change of the inverse frequencies (plus YaRN's attention factor), never of
+the positions: a float position p (PosAug α·i, RFS, ...) is rotated by p · inv_freq, which is
+how transformers composes a rope type with its position_ids. 'llama3' is also a property of
+a model (Llama 3.1/3.2 are trained with it): megatron_ext.model applies it to the model's
+own frequencies when model.use_rope_scaling is set.
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ import torch
 
 # The one vocabulary of inference-time RoPE scaling: config fields, CLI choices, scorers and
 # the HF export all use these names.
-ROPE_SCALING_KINDS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+ROPE_SCALING_KINDS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3")
 # Hugging Face names accepted on input (the export CLI took them before).
 ROPE_SCALING_ALIASES = {"linear": "pi", "dynamic": "dynamic_ntk", "default": "none"}
 # How each kind is written in a Hugging Face Llama config (transformers' rope_type). Static NTK has
 # no rope_type of its own: it is a change of base, exported as rope_theta with the default type.
-HF_ROPE_TYPE = {"none": "default", "pi": "linear", "ntk": "default", "dynamic_ntk": "dynamic", "yarn": "yarn"}
+HF_ROPE_TYPE = {"none": "default", "pi": "linear", "ntk": "default", "dynamic_ntk": "dynamic", "yarn": "yarn",
+                "llama3": "llama3"}
 
 
 def scaling_kind(name: str | None) -> str:
@@ -45,7 +52,7 @@ def rope_inv_freq(rotary_dim: int, base: float, device: torch.device | str | Non
 
 @dataclass
 class RopeScaling:
-    """Inference-time frequency transform: kind in {'none','pi','ntk','dynamic_ntk','yarn'}."""
+    """Frequency transform: kind in ROPE_SCALING_KINDS (with its HF parameters)."""
 
     kind: str = "none"
     # None -> max(1, seq_len / original_max_position_embeddings); for dynamic_ntk
@@ -54,6 +61,10 @@ class RopeScaling:
     original_max_position_embeddings: int | None = None  # the training window w
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+    # llama3 only: wavelengths below original / high_freq_factor keep their frequency, those above
+    # original / low_freq_factor are divided by the factor, the band between is interpolated.
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
 
     def __post_init__(self) -> None:
         if self.kind not in ROPE_SCALING_KINDS:
@@ -69,6 +80,11 @@ class RopeScaling:
             raise ValueError(
                 f"rope_scaling needs 0 < beta_slow < beta_fast (got beta_slow={self.beta_slow}, "
                 f"beta_fast={self.beta_fast})"
+            )
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                "rope_scaling needs 0 < low_freq_factor < high_freq_factor "
+                f"(got low_freq_factor={self.low_freq_factor}, high_freq_factor={self.high_freq_factor})"
             )
 
     def resolve_factor(self, seq_len: int) -> float:
@@ -108,6 +124,19 @@ def _yarn_inv_freq(rotary_dim: int, base: float, factor: float, original_len: in
     return interpolation * (1 - keep) + extrapolation * keep
 
 
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, original_len: int,
+                    low_freq_factor: float, high_freq_factor: float) -> torch.Tensor:
+    """Llama 3.1's frequency-dependent scaling of `inv_freq`, written like transformers' _compute_llama3_parameters."""
+    low_freq_wavelen = original_len / low_freq_factor
+    high_freq_wavelen = original_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
 def scaled_inv_freq(
     rotary_dim: int,
     base: float,
@@ -138,4 +167,10 @@ def scaled_inv_freq(
             raise ValueError("rope_scaling 'yarn' needs original_max_position_embeddings")
         inv_freq = _yarn_inv_freq(rotary_dim, base, s, original, scaling.beta_fast, scaling.beta_slow, device)
         return inv_freq, yarn_attention_factor(s)
+    if kind == "llama3":
+        original = scaling.original_max_position_embeddings
+        if original is None:
+            raise ValueError("rope_scaling 'llama3' needs original_max_position_embeddings")
+        return llama3_inv_freq(rope_inv_freq(rotary_dim, base, device), s, original, scaling.low_freq_factor,
+                               scaling.high_freq_factor), 1.0
     raise AssertionError(f"unhandled rope scaling kind {kind!r}")  # guarded by __post_init__

@@ -145,7 +145,7 @@ def hf_model_dir(source: str | Path, *, tokenizer: str | None = None, rope_scali
         info = {"kind": "hf", "name": path.name}
         if rope_scaling in (None, "none"):
             if factor is not None:
-                raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn")
+                raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn|llama3")
             yield path, info
             return
         yield _rescaled_copy(path, Path(tmp) / "hf", rope_scaling, factor, context_length, train_window), info

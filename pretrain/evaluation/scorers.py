@@ -31,6 +31,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import inspect
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,7 +338,7 @@ def is_megatron_checkpoint(path: str | Path) -> bool:
 def _scaling(kind: str | None, factor: float | None, window: int) -> RopeScaling | None:
     if kind is None or kind == "none":
         if factor is not None:
-            raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn")
+            raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn|llama3")
         return None
     return RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=window)
 
@@ -367,6 +368,7 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
                        extra={"iteration": iteration, "positions": plain_fields(config.positions),
                               "data_path": config.data.data_path})
         scaling = _scaling(rope_scaling, factor, window)
+        config.model.check_positions(config.positions.strategy, None if scaling is None else scaling.kind)
         if backend == "megatron":
             return MegatronScorer(model.to(device), config.model, info, positions=config.positions,
                                   rope_scaling=scaling)
@@ -384,13 +386,21 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
                          "cliff and entropy split positions at w)")
     from transformers import AutoModelForCausalLM
 
+    from pretrain.hf.rope import rope_from_hf_config
+
+    scaling = _scaling(rope_scaling, factor, train_window)
+    _, shipped = rope_from_hf_config(json.loads((path / "config.json").read_text()).get)
+    if scaling is not None and shipped not in ("none", "default"):
+        # The override replaces the model's frequencies; it cannot compose with a scaling the model carries.
+        raise ValueError(f"{source} already carries RoPE scaling {shipped!r}; an override --rope-scaling "
+                         f"{scaling.kind} would replace it: drop --rope-scaling")
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa")
     except Exception as error:  # noqa: BLE001 - re-raised with the path and the likely cause
         raise ValueError(f"{source}: transformers could not load a causal LM from it: {error}") from error
     info = RunInfo(name=name or path.name, train_window=train_window, source=str(path),
                    parameters=_hf_non_embedding(hf))
-    return HFScorer(hf.to(device), info, rope_scaling=_scaling(rope_scaling, factor, train_window))
+    return HFScorer(hf.to(device), info, rope_scaling=scaling)
 
 
 def _hf_non_embedding(model: torch.nn.Module) -> int:

@@ -1,5 +1,9 @@
 """Hugging Face export: our checkpoint (any TP/PP) -> a `LlamaForCausalLM` directory.
 
+A model with q/k/v biases (an imported Qwen2, model.add_qkv_bias) exports as `Qwen2ForCausalLM`,
+the one HF type with exactly those biases; a model with Llama 3 RoPE scaling ships it as
+config.json's rope_scaling (pretrain.hf.rope).
+
 The directory is built next to the target and moved into place only when complete, so a
 failed export never leaves a half-written or emptied output. Weight names come from
 `weight_map.WEIGHT_MAP`, RoPE fields from `rope`, tokenizer files from `tokenizer`.
@@ -40,16 +44,30 @@ def check_exportable(model_config: ModelConfig) -> None:
                          "Megatron's default non-interleaved RoPE")
 
 
+def hf_model_type(model_config: ModelConfig) -> str:
+    """The transformers model_type an export writes: qwen2 for q/k/v biases, else llama."""
+    return "qwen2" if model_config.add_qkv_bias else "llama"
+
+
 def llama_config(model_config: ModelConfig, vocab_size: int, rope_scaling: RopeScaling | None = None,
                  **extra: Any):
-    """`LlamaConfig` with our architecture and RoPE (the given scaling in both transformers layouts)."""
-    from transformers import LlamaConfig
+    """`LlamaConfig` (`Qwen2Config` with q/k/v biases) with our architecture and RoPE (both transformers layouts)."""
+    from transformers import LlamaConfig, Qwen2Config
 
     check_exportable(model_config)
     rope = hf_rope_fields(model_config, rope_scaling)
     # 4.x reads rope_theta/rope_scaling and keeps rope_parameters as a plain attribute; 5.x reads
     # rope_parameters and folds the (non-null) rope_scaling/rope_theta kwargs into it.
     defaults = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if hf_model_type(model_config) == "qwen2":
+        # Qwen2 has q/k/v biases built in (no attention_bias/mlp_bias fields); full attention in every layer.
+        return Qwen2Config(
+            vocab_size=int(vocab_size), hidden_size=model_config.hidden_size,
+            intermediate_size=model_config.ffn_hidden_size, num_hidden_layers=model_config.num_layers,
+            num_attention_heads=model_config.num_attention_heads, num_key_value_heads=model_config.num_query_groups,
+            head_dim=model_config.kv_channels, hidden_act="silu", rms_norm_eps=model_config.layernorm_epsilon,
+            tie_word_embeddings=not model_config.untie_embeddings_and_output_weights, use_sliding_window=False,
+            attention_dropout=0.0, initializer_range=model_config.init_method_std, **rope, **{**defaults, **extra})
     return LlamaConfig(
         vocab_size=int(vocab_size),
         hidden_size=model_config.hidden_size,
@@ -82,7 +100,7 @@ def _plain_state(model_or_state) -> dict[str, torch.Tensor]:
 
 def megatron_state_to_llama(state: dict[str, torch.Tensor], model_config: ModelConfig,
                             vocab_size: int | None = None) -> dict[str, torch.Tensor]:
-    """HF Llama state dict (float32) from a TP=1/PP=1 Megatron state dict (vocabulary padding trimmed)."""
+    """HF Llama / Qwen2 state dict (float32) from a TP=1/PP=1 Megatron state dict (vocabulary padding trimmed)."""
     check_exportable(model_config)
     vocab = model_config.vocab_size if vocab_size is None else int(vocab_size)
     out = megatron_to_hf_names(_plain_state(state), model_config, vocab)
@@ -91,7 +109,7 @@ def megatron_state_to_llama(state: dict[str, torch.Tensor], model_config: ModelC
 
 def megatron_to_llama(model, model_config: ModelConfig, *, vocab_size: int | None = None,
                       rope_scaling: RopeScaling | None = None, **extra: Any):
-    """In-memory float32 `LlamaForCausalLM` (sdpa) with the weights of a TP=1/PP=1 model or state dict."""
+    """In-memory float32 `LlamaForCausalLM` / `Qwen2ForCausalLM` (sdpa) with a TP=1/PP=1 model's weights."""
     from transformers import AutoModelForCausalLM
 
     vocab = model_config.vocab_size if vocab_size is None else int(vocab_size)
@@ -263,7 +281,7 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
                       no_tokenizer: bool = False, rope_scaling: str | None = None, factor: float | None = None,
                       eval_length: int | None = None, max_shard_size: str | int = "2GB",
                       dtype: str = "float32", overwrite: bool = False) -> Path:
-    """Write a `LlamaForCausalLM` directory (config, safetensors, generation config, tokenizer, README)."""
+    """Write a `LlamaForCausalLM` / `Qwen2ForCausalLM` directory (config, safetensors, generation config, tokenizer, README)."""
     from transformers import GenerationConfig
 
     from pretrain.trainer import checkpoint as ckpt
@@ -309,7 +327,7 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
 
 
 def export_cli(argv: list[str]) -> int:
-    """`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama directory."""
+    """`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama (or Qwen2) directory."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m pretrain export-hf", description=export_cli.__doc__)

@@ -58,14 +58,21 @@ def _scaling_lines(train_config, scaling: RopeScaling | None, eval_length: int |
 def model_card(train_config, record: dict, scaling: RopeScaling | None, eval_length: int | None) -> str:
     """The export's README.md text."""
     model, positions = train_config.model, train_config.positions
+    architecture = "A Qwen2-architecture (`Qwen2ForCausalLM`)" if model.add_qkv_bias else \
+        "A Llama-architecture (`LlamaForCausalLM`)"
+    llama3 = model.rope_scaling()
+    own = [] if llama3 is None else [
+        f"- The model's own RoPE scaling (part of training): llama3, factor {llama3.factor:g}, original window "
+        f"{llama3.original_max_position_embeddings}, low/high frequency factors {llama3.low_freq_factor:g}/"
+        f"{llama3.high_freq_factor:g}."]
     lines = [f"# {train_config.name}", "",
-             "A Llama-architecture (`LlamaForCausalLM`) export of a Megatron-Core checkpoint trained with "
+             f"{architecture} export of a Megatron-Core checkpoint trained with "
              "training-time RoPE position augmentation.", "",
              f"- Position strategy: `{positions.strategy}`; training window {model.seq_length} tokens; "
              f"RoPE base {model.rotary_base:g}.",
              f"- Iteration {record.get('iteration')}, {record.get('consumed_samples')} samples consumed.",
              f"- {model.num_layers} layers, hidden {model.hidden_size}, {model.num_attention_heads} heads "
              f"({model.num_query_groups} key/value groups), vocabulary {model.vocab_size}.",
-             *_scaling_lines(train_config, scaling, eval_length),
+             *(own or _scaling_lines(train_config, scaling, eval_length)),
              "- The full positions section is in config.json under `posaug_training`.", "", USAGE]
     return "\n".join(lines)

@@ -19,17 +19,24 @@ config.json carries both layouts, so either transformers major version reads the
   5.23), which gives the same parameters.
 
 Only keys that 4.45 and 5.23 validate without a warning are written, and no factor < 1.
+
+`llama3` (Llama 3.1/3.2) carries its own original window, low_freq_factor and high_freq_factor;
+transformers warns unless max_position_embeddings exceeds that window, so a llama3 export
+writes max(training window, factor × original window) there (the context the scaling was made
+for; llama3 frequencies do not depend on it). A model trained with llama3 scaling
+(model.use_rope_scaling, e.g. an imported Llama 3.1) exports it as its only rope type.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from megatron_ext.positions import RopeScaling
 from megatron_ext.positions.scaling import HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, scaling_kind
 
-__all__ = ["ROPE_SCALING_KINDS", "cli_scaling_kind", "hf_rope_fields", "rfs_eval_length", "rope_scaling_for",
-           "rope_from_hf_config"]
+__all__ = ["ROPE_SCALING_KINDS", "cli_scaling_kind", "hf_rope_fields", "hf_rope_parameters", "rfs_eval_length",
+           "rope_scaling_for", "rope_from_hf_config"]
 
 
 def cli_scaling_kind(name: str) -> str:
@@ -59,6 +66,9 @@ def rope_scaling_for(train_config, *, kind: str | None = None, factor: float | N
     """
     kind = scaling_kind(kind)
     positions, n_train = train_config.positions, train_config.model.seq_length
+    if getattr(train_config.model, "use_rope_scaling", False) and (kind != "none" or factor is not None):
+        raise ValueError("the model carries Llama 3 RoPE scaling (model.use_rope_scaling), which its export ships; "
+                         "an HF config holds one rope type, so drop --rope-scaling/--factor")
     if positions.strategy == "rfs":
         if kind != "none" or factor is not None:
             raise ValueError("an RFS model exports the linear scaling that reproduces its evaluation positions; "
@@ -75,7 +85,7 @@ def rope_scaling_for(train_config, *, kind: str | None = None, factor: float | N
                          f"{positions.strategy!r}); use --rope-scaling KIND --factor F")
     if kind == "none":
         if factor is not None:
-            raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn")
+            raise ValueError("--factor needs --rope-scaling pi|ntk|dynamic_ntk|yarn|llama3")
         return None
     if factor is None or not factor >= 1:
         raise ValueError(f"--rope-scaling {kind} needs --factor >= 1 (got {factor})")
@@ -83,8 +93,13 @@ def rope_scaling_for(train_config, *, kind: str | None = None, factor: float | N
 
 
 def hf_rope_fields(model_config, scaling: RopeScaling | None) -> dict[str, Any]:
-    """config.json fields (both transformers layouts) for RoPE(model_config) under `scaling`."""
+    """config.json fields (both transformers layouts) for RoPE(model_config) under `scaling` (or its own llama3)."""
     theta, n_train = float(model_config.rotary_base), int(model_config.seq_length)
+    if getattr(model_config, "use_rope_scaling", False):
+        if scaling is not None:
+            raise ValueError("the model carries Llama 3 RoPE scaling (model.use_rope_scaling); an HF config "
+                             f"holds one rope type, so it cannot also ship {scaling.kind!r}")
+        scaling = model_config.rope_scaling()
     kind = "none" if scaling is None else scaling.kind
     rope_type = HF_ROPE_TYPE[kind]
     factor = None if scaling is None else float(scaling.resolve_factor(n_train))
@@ -97,7 +112,15 @@ def hf_rope_fields(model_config, scaling: RopeScaling | None) -> dict[str, Any]:
         parameters["factor"] = factor
     if rope_type == "yarn":
         parameters["original_max_position_embeddings"] = n_train
-    return {"max_position_embeddings": n_train, "rope_theta": theta, "rope_scaling": legacy,
+    max_positions = n_train
+    if rope_type == "llama3":
+        original = int(scaling.original_max_position_embeddings or n_train)
+        extra = {"original_max_position_embeddings": original, "low_freq_factor": float(scaling.low_freq_factor),
+                 "high_freq_factor": float(scaling.high_freq_factor)}
+        legacy.update(extra)
+        parameters.update(extra)
+        max_positions = max(n_train, math.ceil(factor * original), original + 1)
+    return {"max_position_embeddings": max_positions, "rope_theta": theta, "rope_scaling": legacy,
             "rope_parameters": parameters}
 
 
@@ -107,8 +130,8 @@ def exported_scaling_record(scaling: RopeScaling | None) -> dict | None:
                                          "hf_rope_type": HF_ROPE_TYPE[scaling.kind]}
 
 
-def rope_from_hf_config(get: Callable[..., Any]) -> tuple[float, str]:
-    """(rope_theta, our scaling kind) of a Llama config.json in either transformers layout.
+def hf_rope_parameters(get: Callable[..., Any]) -> tuple[float, str, dict[str, Any]]:
+    """(rope_theta, HF rope_type, its parameters) of a config.json in either transformers layout.
 
     Like transformers 5.x, a non-null legacy `rope_scaling` wins over `rope_parameters`.
     """
@@ -117,6 +140,12 @@ def rope_from_hf_config(get: Callable[..., Any]) -> tuple[float, str]:
     chosen = legacy or parameters
     theta = chosen.get("rope_theta", parameters.get("rope_theta", get("rope_theta", 10000.0)))
     rope_type = chosen.get("rope_type", chosen.get("type", "default"))
+    return float(theta), str(rope_type), chosen
+
+
+def rope_from_hf_config(get: Callable[..., Any]) -> tuple[float, str]:
+    """(rope_theta, our scaling kind) of a Llama config.json in either transformers layout."""
+    theta, rope_type, _ = hf_rope_parameters(get)
     hf_to_ours = {hf: ours for ours, hf in HF_ROPE_TYPE.items() if ours != "ntk"}
     kind = hf_to_ours.get(rope_type, ROPE_SCALING_ALIASES.get(rope_type, rope_type))
-    return float(theta), kind
+    return theta, kind

@@ -1,9 +1,10 @@
-"""Megatron GPT ↔ Hugging Face Llama weight names: one table, read in both directions.
+"""Megatron GPT ↔ Hugging Face Llama / Mistral / Qwen2 weight names: one table, read in both directions.
 
 Layout of the TP=1/PP=1 state dict of `FloatPositionGPTModel` (local or TE spec):
 
 - `self_attention.linear_qkv.weight` is grouped per query group: rows
   `[q_0 .. q_{h/g-1}, k, v]` for group 0, then group 1, ...; it becomes q/k/v_proj.
+  Its bias (model.add_qkv_bias: Qwen2) has the same grouped layout and becomes q/k/v_proj.bias.
 - `mlp.linear_fc1.weight` is `[gate; up]` (SwiGLU); it becomes gate_proj / up_proj.
 - Megatron's default (non-interleaved) RoPE rotates halves exactly like HF's
   `rotate_half`, so q/k rows need no permutation (interleaved RoPE is refused on export).
@@ -25,24 +26,23 @@ Tensor = torch.Tensor
 
 
 def split_qkv(qkv: Tensor, model_config: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:
-    """Megatron grouped QKV rows [g × (q..., k, v)] -> (q_proj, k_proj, v_proj) weights."""
+    """Megatron grouped QKV rows [g × (q..., k, v)] -> (q_proj, k_proj, v_proj) weights (or biases, 1-D)."""
     heads, groups, d = model_config.num_attention_heads, model_config.num_query_groups, model_config.kv_channels
-    per_group = heads // groups
-    grouped = qkv.reshape(groups, per_group + 2, d, qkv.shape[-1])
-    q = grouped[:, :per_group].reshape(heads * d, -1)
-    k = grouped[:, per_group].reshape(groups * d, -1)
-    v = grouped[:, per_group + 1].reshape(groups * d, -1)
+    per_group, trailing = heads // groups, tuple(qkv.shape[1:])
+    grouped = qkv.reshape(groups, per_group + 2, d, *trailing)
+    q = grouped[:, :per_group].reshape(heads * d, *trailing)
+    k = grouped[:, per_group].reshape(groups * d, *trailing)
+    v = grouped[:, per_group + 1].reshape(groups * d, *trailing)
     return q, k, v
 
 
 def merge_qkv(q: Tensor, k: Tensor, v: Tensor, model_config: ModelConfig) -> Tensor:
     """Inverse of `split_qkv`."""
     heads, groups, d = model_config.num_attention_heads, model_config.num_query_groups, model_config.kv_channels
-    per_group = heads // groups
-    h = q.shape[-1]
-    grouped = torch.cat([q.reshape(groups, per_group, d, h), k.reshape(groups, 1, d, h),
-                         v.reshape(groups, 1, d, h)], dim=1)
-    return grouped.reshape(-1, h)
+    per_group, trailing = heads // groups, tuple(q.shape[1:])
+    grouped = torch.cat([q.reshape(groups, per_group, d, *trailing), k.reshape(groups, 1, d, *trailing),
+                         v.reshape(groups, 1, d, *trailing)], dim=1)
+    return grouped.reshape(-1, *trailing)
 
 
 def split_gate_up(fc1: Tensor, model_config: ModelConfig) -> tuple[Tensor, Tensor]:
@@ -69,7 +69,7 @@ class Rule:
     merge: Callable[..., Tensor] | None = None  # (*hf tensors, config) -> megatron
     aliases: tuple[str, ...] = ()  # other Megatron spellings (the TE spec fuses norms into linears)
     vocab_rows: bool = False  # rows are the (padded) vocabulary
-    untied_only: bool = False  # present only with untie_embeddings_and_output_weights
+    when: Callable[[ModelConfig], bool] | None = None  # present only for models where this holds
     tp: str | None = None  # tensor-parallel sharding: "rows", "cols", "gate_up" (each half by rows), None
 
 
@@ -82,6 +82,9 @@ WEIGHT_MAP: tuple[Rule, ...] = (
     Rule(L + "self_attention.linear_qkv.weight",
          (H + "self_attn.q_proj.weight", H + "self_attn.k_proj.weight", H + "self_attn.v_proj.weight"),
          split=split_qkv, merge=merge_qkv, tp="rows"),  # whole query groups per shard
+    Rule(L + "self_attention.linear_qkv.bias",
+         (H + "self_attn.q_proj.bias", H + "self_attn.k_proj.bias", H + "self_attn.v_proj.bias"),
+         split=split_qkv, merge=merge_qkv, tp="rows", when=lambda m: m.add_qkv_bias),
     Rule(L + "self_attention.linear_proj.weight", (H + "self_attn.o_proj.weight",), tp="cols"),
     Rule(L + "pre_mlp_layernorm.weight", (H + "post_attention_layernorm.weight",),
          aliases=(L + "mlp.linear_fc1.layer_norm_weight",)),
@@ -89,7 +92,8 @@ WEIGHT_MAP: tuple[Rule, ...] = (
          split=split_gate_up, merge=merge_gate_up, tp="gate_up"),
     Rule(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), tp="cols"),
     Rule("decoder.final_layernorm.weight", ("model.norm.weight",)),
-    Rule("output_layer.weight", ("lm_head.weight",), vocab_rows=True, untied_only=True, tp="rows"),
+    Rule("output_layer.weight", ("lm_head.weight",), vocab_rows=True, tp="rows",
+         when=lambda m: m.untie_embeddings_and_output_weights),
 )
 
 
@@ -102,11 +106,11 @@ def _instances(rule: Rule, model_config: ModelConfig) -> list[tuple[str, ...]]:
 
 
 def _applies(rule: Rule, model_config: ModelConfig) -> bool:
-    return not rule.untied_only or model_config.untie_embeddings_and_output_weights
+    return rule.when is None or rule.when(model_config)
 
 
 def megatron_to_hf_names(state: dict[str, Tensor], model_config: ModelConfig, vocab_size: int) -> dict[str, Tensor]:
-    """HF Llama tensors from a TP=1/PP=1 Megatron state dict (vocabulary trimmed to vocab_size)."""
+    """HF tensors from a TP=1/PP=1 Megatron state dict (vocabulary trimmed to vocab_size)."""
     out: dict[str, Tensor] = {}
     for rule in WEIGHT_MAP:
         if not _applies(rule, model_config):
@@ -129,8 +133,9 @@ def megatron_to_hf_names(state: dict[str, Tensor], model_config: ModelConfig, vo
 
 def hf_to_megatron_names(hf_state: dict[str, Tensor], model_config: ModelConfig,
                          padded_vocab_size: int) -> dict[str, Tensor]:
-    """TP=1/PP=1 Megatron state dict (local-spec names) from HF Llama tensors (vocabulary zero-padded)."""
+    """TP=1/PP=1 Megatron state dict (local-spec names) from HF tensors (vocabulary zero-padded)."""
     out: dict[str, Tensor] = {}
+    used: set[str] = set()
     for rule in WEIGHT_MAP:
         if not _applies(rule, model_config):
             continue
@@ -139,6 +144,7 @@ def hf_to_megatron_names(hf_state: dict[str, Tensor], model_config: ModelConfig,
             missing = [n for n in sources if n not in hf_state]
             if missing:
                 raise ValueError(f"cannot import: the HF weights lack {', '.join(missing)}")
+            used.update(sources)
             pieces = [hf_state[n] for n in sources]
             tensor = rule.merge(*pieces, model_config) if rule.merge else pieces[0]
             if rule.vocab_rows:
@@ -146,6 +152,12 @@ def hf_to_megatron_names(hf_state: dict[str, Tensor], model_config: ModelConfig,
                 padded[: tensor.shape[0]] = tensor
                 tensor = padded
             out[target] = tensor
+    # A tied model may still store lm_head.weight (the embedding); rotary inv_freq buffers are derived.
+    ignorable = ("lm_head.weight",) if not model_config.untie_embeddings_and_output_weights else ()
+    unused = sorted(n for n in hf_state if n not in used and n not in ignorable and not n.endswith(".inv_freq"))
+    if unused:
+        raise ValueError(f"cannot import: {len(unused)} HF tensor(s) have no place in the model, e.g. {unused[0]} "
+                         "(a feature config.json does not declare)")
     return out
 
 

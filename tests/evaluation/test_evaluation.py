@@ -62,7 +62,7 @@ def test_megatron_and_hf_backends_give_the_same_per_position_losses(scorers, spa
 
 
 @pytest.mark.parametrize("positions,scaling", [(PositionConfig(strategy="rfs", max_position=200), None),
-                                               (PositionConfig(), "yarn")])
+                                               (PositionConfig(), "yarn"), (PositionConfig(), "llama3")])
 def test_backends_agree_with_fractional_positions_and_rope_scaling(megatron_model, scorers, spans, positions, scaling):
     from megatron_ext.positions import RopeScaling
 

@@ -1,6 +1,7 @@
 """Helpers shared by the tests/hf files: Megatron and HF logits, tiny HF Llama dirs, warning capture."""
 
 import contextlib
+import json
 import logging
 import shutil
 import warnings
@@ -32,6 +33,11 @@ def auto_model(path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+def read_config(path):
+    """config.json of an HF directory as a dict."""
+    return json.loads((path / "config.json").read_text())
 
 
 def sample_tokens(seq, seed=0, batch=2):
@@ -79,3 +85,49 @@ def transformers_warnings():
     finally:
         logger.removeHandler(handler)
     handler.messages.extend(str(w.message) for w in caught)
+
+
+# Small random models of each architecture import-hf supports, as transformers builds them.
+ARCH_COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6)
+ARCH_VOCAB = ARCH_COMMON["vocab_size"]
+# Llama 3.1's scaling shrunk to the test model: with head_dim 16 and base 10000 the wavelengths
+# 6.3 (< 32 / 4: kept), 19.9 (interpolated) and 62.8+ (> 32: divided by 4) cover all three bands.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=False, rope_parameters={"rope_type": "default",
+                                                                              "rope_theta": 10000.0})),
+    "llama3": ("LlamaConfig", dict(tie_word_embeddings=False, rope_parameters=LLAMA3_ROPE)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_parameters={"rope_type": "default",
+                                                                             "rope_theta": 1000000.0})),
+    "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+}
+
+
+def randomize_every_parameter(model, seed=0):
+    """Every parameter drawn non-zero: weights N(0, 0.05), biases N(0, 0.5), norm weights 1 + N(0, 0.2)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if name.endswith(".bias"):
+                parameter.copy_(noise * 0.5)
+            elif "norm" in name:
+                parameter.copy_(1 + noise * 0.2)
+            else:
+                parameter.copy_(noise * 0.05)
+    return model
+
+
+def save_random_hf(path, arch: str):
+    """ARCHITECTURES[arch] built and saved by transformers (safetensors), every parameter non-zero."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config_class, fields = ARCHITECTURES[arch]
+    config = getattr(transformers, config_class)(**ARCH_COMMON, **fields)
+    model = AutoModelForCausalLM.from_config(config)
+    randomize_every_parameter(model).save_pretrained(path)
+    return path

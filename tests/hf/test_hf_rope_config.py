@@ -30,6 +30,7 @@ EXPORTS = {
     "ntk": ("posaug", {"rope_scaling": "ntk", "factor": 3.0}, EVAL),
     "dynamic_ntk": ("posaug", {"rope_scaling": "dynamic_ntk", "factor": 2.0}, EVAL),
     "yarn": ("posaug", {"rope_scaling": "yarn", "factor": 4.0}, EVAL),
+    "llama3": ("posaug", {"rope_scaling": "llama3", "factor": 4.0}, EVAL),
     "rfs": ("rfs", {}, WINDOW * 8),  # default evaluation length: window × EXTRAPOLATION
 }
 
@@ -81,11 +82,16 @@ def test_export_config_has_the_fields_transformers_4_reads(exports, kind):
     # What transformers 4.45.2 / 4.57.1 read (LlamaConfig.__init__, modeling_rope_utils): a float
     # rope_theta; rope_scaling null or exactly {rope_type, factor} (more keys warn in 4.45), factor a
     # float >= 1; dynamic and (up to 4.50) yarn take the original window from max_position_embeddings.
+    # llama3 needs its own original window and frequency factors, and a larger max_position_embeddings.
     config = json.loads((exports[kind][0] / "config.json").read_text())
     assert isinstance(config["rope_theta"], float) and config["head_dim"] == 16
-    assert config["max_position_embeddings"] == WINDOW
+    assert config["max_position_embeddings"] == (WINDOW * 4 if kind == "llama3" else WINDOW)
     scaling = config["rope_scaling"]
-    if kind in ("none", "ntk"):
+    if kind == "llama3":
+        assert scaling == {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": WINDOW,
+                           "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        assert {k: config["rope_parameters"][k] for k in scaling} == scaling
+    elif kind in ("none", "ntk"):
         assert scaling is None
         assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": config["rope_theta"]}
     else:

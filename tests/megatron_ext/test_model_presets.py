@@ -22,7 +22,8 @@ def test_table1_presets_use_swiglu_gqa_and_tied_embeddings():
 
 
 @pytest.mark.parametrize("name,kwargs", [("tiny", {}), ("cpu-small", {}),
-                                         ("tiny", {"untie_embeddings_and_output_weights": True})])
+                                         ("tiny", {"untie_embeddings_and_output_weights": True}),
+                                         ("tiny", {"add_qkv_bias": True})])
 def test_parameter_formula_equals_built_megatron_model(megatron_world, name, kwargs):
     config = model_preset(name, **kwargs)
     model = build_model(config)
@@ -47,6 +48,8 @@ def test_unknown_preset_names_the_choices():
     ({"fp8": "hybrid"}, "transformer_engine"),
     ({"fp8_recipe": "magic", "transformer_impl": "transformer_engine"}, "fp8_recipe"),
     ({"num_layers": 0}, "num_layers"),
+    ({"use_rope_scaling": True, "rope_scaling_low_freq_factor": 4.0}, "low_freq_factor < high_freq_factor"),
+    ({"use_rope_scaling": True, "position_embedding_type": "alibi"}, "use_rope_scaling"),
 ])
 def test_invalid_model_config_names_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -98,3 +101,16 @@ def test_per_sample_positions_force_unfused_rope():
 
     config = model_preset("tiny", transformer_impl="transformer_engine")
     assert not transformer_config(config, per_sample_positions=True).apply_rope_fusion
+
+
+def test_llama3_rope_scaling_equals_megatrons_own_for_llama_3_1_constants(megatron_world):
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    # Megatron's rope_scaling fixes original window 8192 and factors 1 / 4; ours reads them from the config.
+    config = model_preset("tiny", kv_channels=128, rotary_base=500000.0, use_rope_scaling=True, rope_scaling_factor=8.0)
+    ours = build_model(config).rotary_pos_emb.inv_freq
+    megatron = RotaryEmbedding(kv_channels=128, rotary_percent=1.0, rotary_base=500000, rope_scaling=True,
+                               rope_scaling_factor=8.0, use_cpu_initialization=True).inv_freq
+    torch.testing.assert_close(ours, megatron, rtol=1e-6, atol=0)
+    assert not torch.equal(ours, build_model(model_preset("tiny", kv_channels=128, rotary_base=500000.0))
+                           .rotary_pos_emb.inv_freq)

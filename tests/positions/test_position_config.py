@@ -57,7 +57,7 @@ def test_invalid_numeric_parameter_is_rejected_with_its_field_and_value(override
         ("curriculum", "cosine", "none, linear, step"),
         ("layer_mode", "middle", "all, bottom, top, independent"),
         ("tail_function", "cube", "sqrt, beta_2_5"),
-        ("rope_scaling", "longrope", "none, pi, ntk, dynamic_ntk, yarn"),
+        ("rope_scaling", "longrope", "none, pi, ntk, dynamic_ntk, yarn, llama3"),
         ("granularity", "per_microbatch", "per_step, per_sample"),
     ],
 )

@@ -45,6 +45,37 @@ def test_yarn_matches_transformers(rotary_dim, base, original, factor):
     assert attention == pytest.approx(expected_attention, abs=ATOL)
 
 
+@pytest.mark.parametrize("rotary_dim, base, original, factor, low, high", [
+    (128, 500000.0, 8192, 8.0, 1.0, 4.0),  # Llama 3.1
+    (64, 500000.0, 8192, 32.0, 1.0, 4.0),  # Llama 3.2
+    (16, 10000.0, 32, 4.0, 1.0, 4.0), (64, 10000.0, 2048, 2.0, 0.5, 3.0),
+])
+def test_llama3_matches_transformers_bit_for_bit(rotary_dim, base, original, factor, low, high):
+    expected, expected_attention = hf_rope("llama3", rotary_dim, base, original * 4, factor=factor,
+                                           low_freq_factor=low, high_freq_factor=high,
+                                           original_max_position_embeddings=original)
+    scaling = RopeScaling("llama3", factor=factor, original_max_position_embeddings=original, low_freq_factor=low,
+                          high_freq_factor=high)
+    inv_freq, attention = scaled_inv_freq(rotary_dim, base, scaling, seq_len=original * 4)
+    assert torch.equal(inv_freq, expected) and attention == expected_attention == 1.0
+
+
+def test_llama3_keeps_high_frequencies_and_divides_low_ones_by_the_factor():
+    plain = rope_inv_freq(16, 10000.0)
+    scaled, _ = scaled_inv_freq(16, 10000.0, RopeScaling("llama3", factor=4.0, original_max_position_embeddings=32),
+                                seq_len=96)
+    wavelength = 2 * math.pi / plain
+    assert torch.equal(scaled[wavelength < 8], plain[wavelength < 8])
+    torch.testing.assert_close(scaled[wavelength > 32], plain[wavelength > 32] / 4)
+    medium = (wavelength >= 8) & (wavelength <= 32)
+    assert medium.any() and bool(((scaled[medium] < plain[medium]) & (scaled[medium] > plain[medium] / 4)).all())
+
+
+def test_llama3_needs_low_below_high_frequency_factor():
+    with pytest.raises(ValueError, match="low_freq_factor < high_freq_factor"):
+        RopeScaling("llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0)
+
+
 def test_yarn_with_non_default_betas_matches_transformers():
     expected, expected_attention = hf_rope("yarn", 64, 10000.0, 1024, factor=4.0,
                                            original_max_position_embeddings=1024, beta_fast=16.0, beta_slow=2.0)
