@@ -296,16 +296,38 @@ def _env(spec: Spec) -> dict[str, str]:
 
 
 def submit(spec: Spec, dry_run: bool) -> tuple[list[str], dict]:
-    """Submit what is missing or failed; returns (the sbatch lines, the new state)."""
+    """Submit what is missing or failed; returns (the sbatch lines, the new state).
+
+    grid.json is written even when an sbatch fails half-way, so the jobs already submitted are known
+    to the rerun (which then submits only the rest).
+    """
     out = Path(spec.out)
     slurm = Slurm(dry_run)
-    state = load_state(out) if not dry_run or (out / GRID_FILE).is_file() else {}
-    jobs = state.setdefault("jobs", {"data": None, "train": {}, "eval": {}, "report": None})
+    state = load_state(out)
+    state.setdefault("jobs", {"data": None, "train": {}, "eval": {}, "report": None})
     live = slurm.live()
+    if not dry_run:  # the jobs read the spec: it is on disk before the first of them can start
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        state.setdefault("created", time.time())
+        state["spec"] = spec.to_json()
+        save_state(out, state)
+    try:
+        _submit(spec, slurm, state["jobs"], live)
+    except RuntimeError as error:
+        raise RuntimeError(f"{error}; {len(slurm.commands)} job(s) submitted before it are recorded in "
+                           f"{out / GRID_FILE}: fix the cause and rerun the same command") from None
+    finally:
+        if not dry_run and slurm.commands:
+            state.setdefault("submissions", []).append({"time": time.time(), "commands": slurm.commands})
+            save_state(out, state)
+    return slurm.commands, state
+
+
+def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
+    out = Path(spec.out)
+    dry_run = slurm.dry_run
     env = _env(spec)
     stage = str(ROOT / "slurm" / "reproduce_stage.sh")
-    if not dry_run:
-        (out / "logs").mkdir(parents=True, exist_ok=True)
 
     data_dep = None
     if not shards_ready(spec.data_prefix):
@@ -381,12 +403,6 @@ def submit(spec: Spec, dry_run: bool) -> tuple[list[str], dict]:
         if eval_deps:
             options.append("--dependency=afterany:" + ":".join(eval_deps))
         jobs["report"] = slurm.submit("REPORT", env, [*options, stage, "report", spec.out])
-    if not dry_run:
-        state.setdefault("created", time.time())
-        state["spec"] = spec.to_json()
-        state.setdefault("submissions", []).append({"time": time.time(), "commands": slurm.commands})
-        save_state(out, state)
-    return slurm.commands, state
 
 
 # ---- status -----------------------------------------------------------------------------------------------
