@@ -50,7 +50,7 @@ EVAL_RESOURCES = {"gpu": ["--gpus-per-node=1", "--cpus-per-task=8", "--time=04:0
                   "cpu": ["--cpus-per-task=1", "--time=60"]}
 REPORT_RESOURCES = ["--cpus-per-task=1", "--time=30"]
 # CPU presets train on CPU nodes: one task, no GPU (common.sh then switches to the local implementation).
-CPU_TRAIN_RESOURCES = ["--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=60"]
+CPU_TRAIN_RESOURCES = ["--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=60"]
 CPU_LAUNCHER_SIZE = "10m"  # the launcher (1 node x 1 GPU defaults) a CPU preset's runs go through, with CONFIG=
 LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
@@ -75,6 +75,7 @@ class Spec:
     tokenizer: str | None = None
     sbatch: tuple[str, ...] = ()
     mfu: float | None = None
+    nodes: int | None = None  # of every training job (None: the launcher's; CPU presets 1)
 
     @property
     def cpu(self) -> bool:
@@ -145,7 +146,7 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
     from pretrain.plan.layout import plan_for
     from pretrain.plan.report import duration, gib, one_line_refusal, parse_slurm_time
 
-    args = argparse.Namespace(nodes=None, gpus_per_node=None, dp=None, gpu=spec.gpu, mfu=spec.mfu,
+    args = argparse.Namespace(nodes=spec.nodes, gpus_per_node=None, dp=None, gpu=spec.gpu, mfu=spec.mfu,
                               allowance_gib=CONTEXT_ALLOWANCE_BYTES / GIB)
     n = len(spec.seeds)
     rows = [f"{'run':<22}{'GPUs':>6}{'peak/GPU':>13}{'fits':>6}{'steps':>9}{'wall/run':>13}{'GPU-h/run':>11}"
@@ -185,12 +186,14 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
 class Slurm:
     """sbatch and squeue, or (dry run) the commands printed as a runnable script with job ids in variables."""
 
-    def __init__(self, dry_run: bool) -> None:
+    def __init__(self, dry_run: bool, extra: tuple[str, ...] = ()) -> None:
         self.dry_run = dry_run
+        self.extra = list(extra)  # the user's --sbatch options: last, so they win over the grid's defaults
         self.commands: list[str] = []
 
-    def submit(self, var: str, env: dict[str, str], args: list[str]) -> str:
+    def submit(self, var: str, env: dict[str, str], options: list[str], command: list[str]) -> str:
         """Submit one job (or print it); returns its id (a `$VAR` reference in a dry run)."""
+        args = [*options, *self.extra, *command]
         line = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "sbatch", "--parsable",
                          *map(_quote_dependency, args)])
         if self.dry_run:
@@ -287,7 +290,7 @@ def shards_ready(prefix: str) -> bool:
 # ---- submission -------------------------------------------------------------------------------------------
 
 def _job_common(spec: Spec, name: str, log: str) -> list[str]:
-    return [f"--job-name=grid-{name}", f"--output={Path(spec.out) / 'logs' / log}", *spec.sbatch]
+    return [f"--job-name=grid-{name}", f"--output={Path(spec.out) / 'logs' / log}"]
 
 
 def _env(spec: Spec) -> dict[str, str]:
@@ -302,7 +305,7 @@ def submit(spec: Spec, dry_run: bool) -> tuple[list[str], dict]:
     to the rerun (which then submits only the rest).
     """
     out = Path(spec.out)
-    slurm = Slurm(dry_run)
+    slurm = Slurm(dry_run, spec.sbatch)
     state = load_state(out)
     state.setdefault("jobs", {"data": None, "train": {}, "eval": {}, "report": None})
     live = slurm.live()
@@ -334,12 +337,12 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
         if _in_flight(jobs.get("data"), live):
             data_dep = jobs["data"]
         elif spec.cpu:
-            data_dep = slurm.submit("DATA", env, [*_job_common(spec, "data", "data-%j.out"), *REPORT_RESOURCES,
-                                                  stage, "data", spec.out])
+            data_dep = slurm.submit("DATA", env, [*_job_common(spec, "data", "data-%j.out"), *REPORT_RESOURCES],
+                                    [stage, "data", spec.out])
         else:
             data_env = {**env, "INPUT": spec.corpus, "TOKENIZER": spec.tokenizer, "OUTPUT_PREFIX": spec.data_prefix}
-            data_dep = slurm.submit("DATA", data_env, [*_job_common(spec, "data", "data-%j.out"),
-                                                       str(ROOT / "slurm" / "data_prep.sh")])
+            data_dep = slurm.submit("DATA", data_env, _job_common(spec, "data", "data-%j.out"),
+                                    [str(ROOT / "slurm" / "data_prep.sh")])
         jobs["data"] = data_dep
 
     eval_deps: list[str] = []
@@ -357,6 +360,8 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
                     train_env["OVERRIDES"] = " ".join(spec.sets)
                 options = [*_job_common(spec, f"train-{group}", f"train-{group}-%A_%a.out"),
                            f"--array={','.join(str(i) for i, _ in todo)}"]
+                if spec.nodes or spec.cpu:
+                    options.append(f"--nodes={spec.nodes or 1}")
                 if spec.cpu:
                     train_env["CONFIG"] = str(out / "configs" / f"{group}.yaml")
                     train_env["RUN_NAME"] = f"{group}_seed{{seed}}"
@@ -375,7 +380,7 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
                     launcher = ROOT / "slurm" / f"pretrain_{size}_{method}.sh"
                 if data_dep:
                     options += [f"--dependency=afterok:{data_dep}", "--kill-on-invalid-dep=yes"]
-                array = slurm.submit(_var("train", group), train_env, [*options, str(launcher)])
+                array = slurm.submit(_var("train", group), train_env, options, [str(launcher)])
                 for index, seed in todo:
                     jobs["train"][run_name(size, method, seed)] = f"{array}_{index}"
             for seed in spec.seeds:
@@ -390,7 +395,7 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
                 train_job = jobs["train"].get(name)
                 if not train_finished(spec, size, method, seed) and train_job:
                     options += [f"--dependency=afterok:{train_job}", "--kill-on-invalid-dep=yes"]
-                job = slurm.submit(_var("eval", name), env, [*options, stage, "eval", spec.out, name])
+                job = slurm.submit(_var("eval", name), env, options, [stage, "eval", spec.out, name])
                 jobs["eval"][name] = job
                 eval_deps.append(job)
 
@@ -402,7 +407,7 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
         options = [*_job_common(spec, "report", "report-%j.out"), *REPORT_RESOURCES]
         if eval_deps:
             options.append("--dependency=afterany:" + ":".join(eval_deps))
-        jobs["report"] = slurm.submit("REPORT", env, [*options, stage, "report", spec.out])
+        jobs["report"] = slurm.submit("REPORT", env, options, [stage, "report", spec.out])
 
 
 # ---- status -----------------------------------------------------------------------------------------------
@@ -552,6 +557,8 @@ def make_spec(args: argparse.Namespace) -> Spec:
             raise ValueError(f"--seeds {' '.join(args.seeds)}: a seed appears twice")
     if args.gpu not in GPUS:
         raise ValueError(f"--gpu {args.gpu}: choose one of {', '.join(sorted(GPUS))}")
+    if args.nodes is not None and args.nodes < 1:
+        raise ValueError(f"--nodes {args.nodes}: expected at least 1")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         raise ValueError(f"--mfu {args.mfu}: expected a fraction in (0, 1], e.g. --mfu 0.3")
     out = Path(args.output).resolve()
@@ -570,7 +577,8 @@ def make_spec(args: argparse.Namespace) -> Spec:
         prefix = str(out / "data" / "shards" / "corpus")
     return Spec(preset=args.preset, out=str(out), sizes=tuple(sizes), methods=tuple(methods), seeds=tuple(seeds),
                 data_prefix=prefix, gpu=args.gpu, sets=tuple(args.set), corpus=args.corpus,
-                tokenizer=args.tokenizer, sbatch=tuple(shlex.split(args.sbatch or "")), mfu=args.mfu)
+                tokenizer=args.tokenizer, sbatch=tuple(shlex.split(args.sbatch or "")), mfu=args.mfu,
+                nodes=args.nodes)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -588,6 +596,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", nargs="+", help="seed values (default: 42 137 2024 for paper, 42 for CPU presets)")
     p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU model the plan checks memory and cost against")
     p.add_argument("--mfu", type=float, help="MFU the plan assumes (default: the GPU's published one)")
+    p.add_argument("--nodes", type=int, help="nodes of every training job (default: each launcher's; CPU presets 1)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every training run")
     p.add_argument("--data-prefix", help="paper: data_prep --output-prefix of the shards")
     p.add_argument("--corpus", help="paper: corpus for the data_prep job (when the shards are missing); CPU "

@@ -45,6 +45,7 @@ def test_spec_survives_its_json_form():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_paper_dry_run_submits_data_then_one_array_per_size_and_method_one_eval_per_run_and_a_report(paper_dry_run):
     root, stdout, commands = paper_dry_run
     runs = len(TABLE1_SIZES) * len(SHIPPED_METHODS)
@@ -68,6 +69,7 @@ def test_paper_dry_run_submits_data_then_one_array_per_size_and_method_one_eval_
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_paper_dry_run_total_gpu_hours_are_plan_sweeps_times_the_seeds(paper_dry_run):
     _, stdout, _ = paper_dry_run
     sweep = subprocess.run([PY, "-m", "pretrain", "plan", "--sweep"], cwd=REPO, capture_output=True, text=True,
@@ -80,6 +82,7 @@ def test_paper_dry_run_total_gpu_hours_are_plan_sweeps_times_the_seeds(paper_dry
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_grid_whose_runs_do_not_fit_is_refused_in_one_line_and_writes_nothing(tmp_path):
     proc = reproduce("--sizes", "10m", "--set", "schedule.micro_batch_size=128", "--output", str(tmp_path / "grid"),
                      "--data-prefix", str(tmp_path / "owt"), "--corpus", "/data/owt", "--tokenizer", "/data/tok")
@@ -110,3 +113,16 @@ def test_status_of_a_grid_never_submitted_says_how_to_submit_it(tmp_path):
     proc = reproduce("--preset", "cpu-tiny", "--status", "--output", str(tmp_path), timeout=120)
     assert proc.returncode == 2
     assert proc.stderr == f"error: no grid at {tmp_path}: run the same command without --status to submit it\n"
+
+
+@pytest.mark.e2e
+def test_cpu_preset_dry_run_trains_on_cpu_nodes_and_the_users_sbatch_options_come_last(tmp_path):
+    proc = reproduce("--preset", "cpu-tiny", "--methods", "rfs", "--dry-run", "--output", str(tmp_path / "grid"),
+                     "--sbatch", "--partition=cpu --nodes=2", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    train = next(line for line in proc.stdout.splitlines() if line.startswith("TRAIN_TINY_RFS="))
+    assert f"CONFIG={tmp_path / 'grid' / 'configs' / 'tiny_rfs.yaml'}" in train and "RUN_NAME='tiny_rfs_seed{seed}'" in train
+    assert "--gpus-per-node=0" in train and train.endswith(f"--partition=cpu --nodes=2 {REPO}/slurm/pretrain_10m_rfs.sh)")
+    assert train.index("--nodes=1") < train.index("--nodes=2")  # sbatch: the last of an option wins
+    data = next(line for line in proc.stdout.splitlines() if line.startswith("DATA="))
+    assert data.endswith(f"--partition=cpu --nodes=2 {REPO}/slurm/reproduce_stage.sh data {tmp_path / 'grid'})")

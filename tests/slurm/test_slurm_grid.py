@@ -164,3 +164,35 @@ def test_a_grid_with_a_run_that_cannot_fit_submits_nothing_to_the_cluster(cluste
     assert re.search(r"^10m_posaug +1 .* yes ", proc.stdout, re.M)  # the rest of the grid would fit
     assert not (tmp_path / "grid").exists()
     assert live_jobs("grid-") <= before
+
+
+def test_on_the_two_node_cluster_the_grid_trains_each_run_across_both_nodes_to_its_report(tmp_path):
+    two_nodes = os.environ.get("SLURM_TWO_NODES_DIR", "/var/lib/slurm-two-nodes")
+    env = {**job_env(), "SLURM_CONF": f"{two_nodes}/etc/slurm.conf", "OMP_NUM_THREADS": "1"}
+    start = subprocess.run(["bash", str(REPO / "slurm" / "local" / "start_two_nodes.sh")], env=env,
+                           capture_output=True, text=True, timeout=600)
+    if start.returncode == 3:
+        pytest.skip(f"two-node cluster unavailable here: {start.stderr.strip() or start.stdout.strip()}")
+    assert start.returncode == 0, start.stdout + start.stderr
+    out = tmp_path / "two"
+    command = [PY, "-m", "pretrain", "reproduce", "--slurm", "--preset", "cpu-tiny", "--methods", "posaug",
+               "--nodes", "2", "--set", "schedule.micro_batch_size=8", "--output", str(out)]  # DP 2 x 8 = 16
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = json.loads((out / "grid.json").read_text())["jobs"]
+    ours = {j for j in [jobs["data"], jobs["report"], *jobs["train"].values(), *jobs["eval"].values()] if j}
+    deadline = time.time() + 600
+    while True:
+        queue = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], env=env, capture_output=True, text=True, timeout=60)
+        if not ours & set(queue.stdout.split()):
+            break
+        assert time.time() < deadline, f"grid jobs still live after 600 s: {ours & set(queue.stdout.split())}"
+        time.sleep(3)
+    for method in ("baseline", "posaug"):
+        log = (out / "logs" / f"train-tiny_{method}-{jobs['train'][f'tiny_{method}_seed42']}.out").read_text()
+        assert "nodes           2 (node[1-2])" in log and "\n1: rank 1/2 (node 1 node2, local rank 0)" in log
+        assert "\n1: rank 1 exited with code 0" in log
+    report = (out / "report.md").read_text()
+    assert "No run missing." in report and re.search(r"^\| posaug \| 1 \|", report, re.M)
+    status = subprocess.run([*command, "--status"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert re.search(r"^2 finished \(2 runs\)$", status.stdout, re.M), status.stdout + status.stderr
