@@ -482,7 +482,7 @@ def stage_eval(spec: Spec, name: str) -> None:
 
 
 def stage_report(spec: Spec) -> Path:
-    """Per size the report `reproduce` writes, from whatever finished; OUT/report.md gathers them with what is missing."""
+    """Per size the report `reproduce` writes, from what finished; OUT/report.md gathers them, missing runs named."""
     from pretrain.experiments.reproduce import summarise
     from pretrain.experiments.reproduce_report import write_report
 
@@ -552,7 +552,8 @@ def make_spec(args: argparse.Namespace) -> Spec:
         try:
             seeds = [int(s) for s in _split(args.seeds)]
         except ValueError:
-            raise ValueError(f"--seeds {' '.join(args.seeds)}: expected seed values, e.g. --seeds 42 137 2024") from None
+            raise ValueError(f"--seeds {' '.join(args.seeds)}: expected seed values, e.g. --seeds 42 137 2024") \
+                from None
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"--seeds {' '.join(args.seeds)}: a seed appears twice")
     if args.gpu not in GPUS:
@@ -567,7 +568,7 @@ def make_spec(args: argparse.Namespace) -> Spec:
             raise ValueError("--preset paper needs --data-prefix: the data_prep --output-prefix of the shards "
                              "(with --corpus and --tokenizer when they still have to be built)")
         prefix = str(Path(args.data_prefix).resolve())
-        if not args.status and not shards_ready(prefix) and not (args.corpus and args.tokenizer):
+        if not shards_ready(prefix) and not (args.corpus and args.tokenizer):
             raise ValueError(f"no shards at --data-prefix {prefix} (no manifest): pass --corpus and --tokenizer "
                              "to build them in a data_prep job first, or the prefix of existing shards")
     else:
@@ -604,7 +605,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="paper: tokenizer for the data_prep job")
     p.add_argument("--sbatch", help="extra sbatch options for every job, e.g. \"--partition=gpu --account=x\"")
     p.add_argument("--dry-run", action="store_true", help="print the plan and every sbatch command; submit nothing")
-    p.add_argument("--status", action="store_true", help="show the grid: every run's state, job, step, loss, eval")
+    p.add_argument("--status", action="store_true", help="show the grid in --output: every run's state, job, step, "
+                   "last loss, evaluation, and the report")
     p.add_argument("--slurm-stage", choices=("data", "eval", "report"), help=argparse.SUPPRESS)
     p.add_argument("--run", help=argparse.SUPPRESS)
     return p
@@ -631,12 +633,14 @@ def main(argv: list[str]) -> int:
     try:
         if args.slurm_stage:
             return _stage(args)
-        spec = make_spec(args)
-        if args.status:
-            if not (Path(spec.out) / GRID_FILE).is_file():
-                raise ValueError(f"no grid at {spec.out}: run the same command without --status to submit it")
-            print(status(spec, Slurm(dry_run=False).live()))
+        if args.status:  # the grid as submitted (grid.json), whatever else the command line says
+            out = Path(args.output).resolve()
+            raw = load_state(out).get("spec")
+            if raw is None:
+                raise ValueError(f"no grid at {out}: run the same command without --status to submit it")
+            print(status(Spec.from_json(raw), Slurm(dry_run=False).live()))
             return 0
+        spec = make_spec(args)
         text, refusals = plan_grid(spec)
         print(text, flush=True)
         if refusals:

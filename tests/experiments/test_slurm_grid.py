@@ -121,8 +121,10 @@ def test_cpu_preset_dry_run_trains_on_cpu_nodes_and_the_users_sbatch_options_com
                      "--sbatch", "--partition=cpu --nodes=2", timeout=300)
     assert proc.returncode == 0, proc.stderr
     train = next(line for line in proc.stdout.splitlines() if line.startswith("TRAIN_TINY_RFS="))
-    assert f"CONFIG={tmp_path / 'grid' / 'configs' / 'tiny_rfs.yaml'}" in train and "RUN_NAME='tiny_rfs_seed{seed}'" in train
-    assert "--gpus-per-node=0" in train and train.endswith(f"--partition=cpu --nodes=2 {REPO}/slurm/pretrain_10m_rfs.sh)")
+    assert f"CONFIG={tmp_path / 'grid' / 'configs' / 'tiny_rfs.yaml'}" in train
+    assert "RUN_NAME='tiny_rfs_seed{seed}'" in train
+    assert "--gpus-per-node=0" in train
+    assert train.endswith(f"--partition=cpu --nodes=2 {REPO}/slurm/pretrain_10m_rfs.sh)")
     assert train.index("--nodes=1") < train.index("--nodes=2")  # sbatch: the last of an option wins
     data = next(line for line in proc.stdout.splitlines() if line.startswith("DATA="))
     assert data.endswith(f"--partition=cpu --nodes=2 {REPO}/slurm/reproduce_stage.sh data {tmp_path / 'grid'})")

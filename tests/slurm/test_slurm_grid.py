@@ -48,7 +48,8 @@ def live_jobs(prefix: str = "") -> set[str]:
     proc = subprocess.run(["squeue", "-h", "-r", "-o", "%i %j"], env=job_env(), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    return {job for job, name in (line.split(maxsplit=1) for line in proc.stdout.splitlines()) if name.startswith(prefix)}
+    rows = (line.split(maxsplit=1) for line in proc.stdout.splitlines())
+    return {job for job, name in rows if name.startswith(prefix)}
 
 
 def grid_jobs(out: Path) -> set[str]:
@@ -85,7 +86,8 @@ def story(cluster, tmp_path_factory):
     log = out / "logs" / f"train-tiny_posaug-{task}.out"
     deadline = time.time() + 420
     while not (log.is_file() and "0: step 60/300 |" in log.read_text()):
-        assert time.time() < deadline, f"PosAug did not reach step 60 in time:\n{log.read_text()[-3000:] if log.is_file() else ''}"
+        text = log.read_text()[-3000:] if log.is_file() else ""
+        assert time.time() < deadline, f"PosAug did not reach step 60 in time:\n{text}"
         assert task in live_jobs(), f"{task} ended before it could be killed:\n{log.read_text()[-3000:]}"
         time.sleep(1)
     cancel = subprocess.run(["scancel", task], env=job_env(), capture_output=True, text=True, timeout=60)
