@@ -52,6 +52,7 @@ REPORT_RESOURCES = ["--cpus-per-task=1", "--time=30"]
 # CPU presets train on CPU nodes: one task, no GPU (common.sh then switches to the local implementation).
 CPU_TRAIN_RESOURCES = ["--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=60"]
 CPU_LAUNCHER_SIZE = "10m"  # the launcher (1 node x 1 GPU defaults) a CPU preset's runs go through, with CONFIG=
+JOB_PREFIX = "grid-"  # of every job name the grid submits
 LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 
@@ -210,7 +211,8 @@ class Slurm:
     def live(self) -> dict[str, str]:
         """Queued/running job (and array task) ids → state, from squeue; {} in a dry run without SLURM."""
         try:
-            proc = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T"], capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(["squeue", "--me", "-h", "-r", "-o", "%i %T %j"], capture_output=True, text=True,
+                                  timeout=60)
         except FileNotFoundError:
             if self.dry_run:
                 return {}
@@ -219,8 +221,9 @@ class Slurm:
             if self.dry_run:
                 return {}
             raise RuntimeError(f"squeue failed: {proc.stderr.strip()} (is SLURM_CONF right?)")
-        return {job: state for job, state in (line.split() for line in proc.stdout.splitlines() if line.strip())
-                if state in LIVE_STATES}
+        rows = (line.split(maxsplit=2) for line in proc.stdout.splitlines() if line.strip())
+        # only our jobs' names: an id recorded in grid.json may be reused after the controller's state is reset
+        return {job: state for job, state, name in rows if state in LIVE_STATES and name.startswith(JOB_PREFIX)}
 
 
 def _quote_dependency(arg: str) -> str:
@@ -290,7 +293,7 @@ def shards_ready(prefix: str) -> bool:
 # ---- submission -------------------------------------------------------------------------------------------
 
 def _job_common(spec: Spec, name: str, log: str) -> list[str]:
-    return [f"--job-name=grid-{name}", f"--output={Path(spec.out) / 'logs' / log}"]
+    return [f"--job-name={JOB_PREFIX}{name}", f"--output={Path(spec.out) / 'logs' / log}"]
 
 
 def _env(spec: Spec) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """`reproduce --slurm` without a cluster: the paper grid's dry run (jobs, dependencies, GPU-hours) and refusals.
 
 The real submissions (cpu-tiny on the local SLURM cluster, resume after a killed job) are in
-tests/slurm/test_slurm_grid.py.
+tests/slurm/test_grid_on_cluster.py.
 """
 
 import re
