@@ -4,6 +4,7 @@ The real submissions (cpu-tiny on the local SLURM cluster, resume after a killed
 tests/slurm/test_grid_on_cluster.py.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from pretrain.experiments.slurm_grid import PAPER_SEEDS, Spec, parse_run_name, run_name
+from pretrain.experiments.slurm_grid import main as grid_main
 from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
 
 PY = sys.executable
@@ -103,19 +105,20 @@ def test_a_grid_whose_runs_do_not_fit_is_refused_in_one_line_and_writes_nothing(
                                             "--corpus and --tokenizer"),
     (["--preset", "cpu-tiny", "--tokenizer", "/t"], "error: --preset cpu-tiny builds its own data"),
 ])
-def test_bad_grid_arguments_are_one_line_naming_the_flag(tmp_path, args, message):
-    proc = reproduce("--dry-run", "--output", str(tmp_path / "grid"), *args, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+def test_bad_grid_arguments_are_one_line_naming_the_flag(tmp_path, capsys, args, message):
+    assert grid_main(["--slurm", "--dry-run", "--output", str(tmp_path / "grid"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
 
 
-def test_status_of_a_grid_never_submitted_says_how_to_submit_it(tmp_path):
-    proc = reproduce("--preset", "cpu-tiny", "--status", "--output", str(tmp_path), timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr == f"error: no grid at {tmp_path}: run the same command without --status to submit it\n"
+def test_status_of_a_grid_never_submitted_says_how_to_submit_it(tmp_path, capsys):
+    assert grid_main(["--slurm", "--preset", "cpu-tiny", "--status", "--output", str(tmp_path)]) == 2
+    expected = f"error: no grid at {tmp_path}: run the same command without --status to submit it\n"
+    assert capsys.readouterr().err == expected
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_cpu_preset_dry_run_trains_on_cpu_nodes_and_the_users_sbatch_options_come_last(tmp_path):
     proc = reproduce("--preset", "cpu-tiny", "--methods", "rfs", "--dry-run", "--output", str(tmp_path / "grid"),
                      "--sbatch", "--partition=cpu --nodes=2", timeout=300)
@@ -128,3 +131,13 @@ def test_cpu_preset_dry_run_trains_on_cpu_nodes_and_the_users_sbatch_options_com
     assert train.index("--nodes=1") < train.index("--nodes=2")  # sbatch: the last of an option wins
     data = next(line for line in proc.stdout.splitlines() if line.startswith("DATA="))
     assert data.endswith(f"--partition=cpu --nodes=2 {REPO}/slurm/reproduce_stage.sh data {tmp_path / 'grid'})")
+
+
+def test_a_launchers_run_name_pattern_takes_each_array_tasks_seed(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    env.update(RUN_NAME="tiny_rfs_seed{seed}", SEEDS="42 137", SLURM_ARRAY_TASK_ID="1", OUTPUT_DIR=str(tmp_path))
+    proc = subprocess.run(["bash", str(REPO / "slurm" / "pretrain_10m_rfs.sh"), "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"\n  run dir         {tmp_path}/tiny_rfs_seed137\n" in proc.stdout
+    assert "name=tiny_rfs_seed137 seed=137 " in proc.stdout
