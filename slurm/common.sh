@@ -78,6 +78,7 @@ fi
 
 OUTPUT_DIR=${OUTPUT_DIR:-$POSAUG_ROOT/runs}
 RUN_NAME=${RUN_NAME:-${MODEL_SIZE}_${METHOD}_seed${SEED}}
+RUN_NAME=${RUN_NAME//\{seed\}/$SEED}  # a pattern for every task of an array (reproduce --slurm)
 RUN_DIR=${RUN_DIR:-$OUTPUT_DIR/$RUN_NAME}
 
 # Python: an explicit PYTHON, else the project's venv when it exists, else python3 (e.g. in a container).

@@ -30,8 +30,8 @@ ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (4, "run listing", ("pretrain.experiments.runs",)),
     (5, "evaluation", ("pretrain.evaluation",)),
     (5, "task suite", ("pretrain.tasks.suite",)),
+    (5, "plan", ("pretrain.plan",)),
     (6, "experiments", ("pretrain.experiments",)),
-    (6, "plan", ("pretrain.plan",)),
     (6, "entry points", ("pretrain$", "pretrain.__main__", "pretrain.selfcheck")),
 ]
 

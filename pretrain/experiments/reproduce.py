@@ -120,7 +120,8 @@ def evaluate_run(run_dir: Path, label: str, seed: int, preset: Preset, spans: to
 
     # HF Llama has no NoPE/ALiBi: those runs are scored by the Megatron model itself (same losses, tested).
     rope = METHODS[label].model.get("position_embedding_type", "rope") == "rope" if label in METHODS else True
-    scorer = load_scorer(run_dir, backend="hf" if rope else "megatron", rope_scaling=rope_scaling, name=label)
+    scorer = load_scorer(run_dir, backend="hf" if rope else "megatron", rope_scaling=rope_scaling, name=label,
+                         device="cuda" if torch.cuda.is_available() else "cpu")  # a GPU node of `--slurm`
     losses = per_position_loss(scorer, spans).double()  # [n, L-1]; index i = target position i+1
     per_span = span_cliffs(losses, preset.window, in_start=preset.in_dist_start)
     contexts = [c for c in (2 * preset.window, 4 * preset.window, 8 * preset.window) if c <= preset.eval_length]
