@@ -10,7 +10,7 @@ Llama 3's RoPE scaling (use_rope_scaling).
 
 from __future__ import annotations
 
-# Reaches into Megatron-Core (checked against megatron-core 0.16.1):
+# Reaches into Megatron-Core (checked against megatron-core 0.16.1 and 0.19.2):
 # - RotaryEmbedding.inv_freq (a plain attribute of GPTModel.rotary_pos_emb) is replaced by the
 #   Llama-3-scaled frequencies with model.use_rope_scaling: Megatron's own rope_scaling hard-codes
 #   the original window 8192 and the low/high frequency factors 1 and 4, which HF reads from config.
