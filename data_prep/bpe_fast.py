@@ -1,4 +1,4 @@
-"""A fast exact encoder derived from a byte-level BPE `tokenizer.json` (GPT-2, GPT-NeoX/Pythia/OLMo, Llama-3, Qwen2).
+"""A fast exact encoder derived from a byte-level BPE `tokenizer.json` (GPT-2, GPT-NeoX/Pythia/OLMo, Llama-3, Qwen2, DeepSeek-V3).
 
 HF `tokenizers` encodes a document as: split out added tokens matched on the raw text
 (`normalized: false`), normalise each remaining piece, split out added tokens matched on the

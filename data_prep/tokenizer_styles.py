@@ -37,8 +37,8 @@ DEEPSEEK3_PATTERNS = (
 )
 STYLES = ("gpt2", "neox", "olmo", "llama3", "qwen2", "deepseek3")
 NEOX_WHITESPACE = [" " * n for n in range(24, 1, -1)]  # GPT-NeoX-20B's added tokens 50254-50276
-DEEPSEEK3_NON_SPECIAL = ["<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>", "<｜User｜>", "<｜Assistant｜>", "<|EOT|>",
-                         "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+DEEPSEEK3_NON_SPECIAL = ["<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>", "<｜User｜>", "<｜Assistant｜>",
+                         "<|EOT|>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
                          "<｜tool▁call▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
                          "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"]
 
