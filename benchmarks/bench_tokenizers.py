@@ -1,28 +1,34 @@
-"""Benchmark: data_prep vs Megatron-LM's preprocess_data.py per tokenizer (GPT-2 BPE and a NeoX-style tokenizer.json).
+"""Benchmark: data_prep vs Megatron-LM's preprocess_data.py per tokenizer (GPT-2 BPE and tokenizer.json files).
 
 For each tokenizer the same JSONL is built by data_prep and by Megatron-LM's
 tools/preprocess_data.py (GPT2BPETokenizer on vocab.json + merges.txt; HuggingFaceTokenizer, i.e.
-transformers' AutoTokenizer, on the tokenizer.json), interleaved (data_prep, Megatron-LM,
+transformers' AutoTokenizer, on a tokenizer.json), interleaved (data_prep, Megatron-LM,
 data_prep again), then both on the file repeated --scale times. Printed: wall s, CPU s, MB per
 CPU-second, peak PSS, the ratio to Megatron-LM (end to end, and at steady state = the K-times
 run minus the 1-time run, which cancels start-up), and a document-by-document comparison of the
 token ids. How Megatron-LM is obtained and run is bench_data_prep.py's (its docstring).
 
     python benchmarks/bench_tokenizers.py --megatron-lm /tmp/Megatron-LM [--megatron-python PY]
-        [--workers 2] [--target-mb 38] [--scale 4] [--compare-backends] [--workdir DIR]
+        [--workers 2] [--target-mb 38] [--scale 4] [--tokenizers gpt2,neox,deepseek3]
+        [--tokenizer-json NAME=PATH ...] [--compare-backends] [--workdir DIR]
 
-The NeoX-style tokenizer.json is trained here (the real GPT-NeoX-20B file is not downloadable on
-the machines this was written on): a 50,277-token byte-level BPE laid out as issue 25 describes
-NeoX's (data_prep.bpe_fast.train_styled_tokenizer: NFC normaliser, GPT-2 regex, 26 non-special
-added whitespace runs). --compare-backends also runs data_prep with DATA_PREP_TOKENIZER_BACKEND=
-tokenizers (HF `tokenizers`, the path every tokenizer.json took before the fast encoder).
+The tokenizer.json files are trained here on the first 8 MB of the corpus, laid out like the real
+ones (data_prep/tokenizer_styles.py; benchmarks/README.md says what each reproduces): neox is
+GPT-NeoX-20B's layout (also Pythia's; 50,254 model tokens without the 13 byte tokens UTF-8 never
+needs, plus 23 added whitespace runs = 50,277), deepseek3 DeepSeek-V3's (three Split steps +
+ByteLevel, 1,283 added tokens; 50,000 model tokens instead of 128,000 to keep training short).
+--tokenizer-json NAME=PATH runs a tokenizer.json you have (e.g. the real GPT-NeoX-20B file) the
+same way. --compare-backends also runs data_prep with DATA_PREP_TOKENIZER_BACKEND=tokenizers
+(HF `tokenizers`, the path a tokenizer.json takes when the fast encoder does not reproduce it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import hashlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -35,13 +41,12 @@ sys.path.insert(0, HERE)
 from bench_data_prep import MEGATRON_WRAPPER, make_jsonl, make_tokenizer, peak_rss_run  # noqa: E402
 
 
-def make_neox_style(out_dir: str, corpus: str, vocab_size: int) -> str:
-    """Train the NeoX-style tokenizer.json on the first 8 MB of the corpus; returns its directory.
+STYLED = {"neox": 50254, "deepseek3": 50000}  # tokenizer.json styles trained here -> model vocab size
 
-    transformers' AutoTokenizer (Megatron-LM's HuggingFaceTokenizer) reads the directory; the
-    tokenizer_config.json names <|endoftext|> as EOS, which Megatron-LM appends as EOD.
-    """
-    from data_prep.bpe_fast import train_styled_tokenizer
+
+def make_styled(out_dir: str, corpus: str, style: str) -> str:
+    """Train a `style` tokenizer.json on the first 8 MB of the corpus; returns its directory."""
+    from data_prep.tokenizer_styles import train_styled_tokenizer
 
     texts, size = [], 0
     with open(corpus, encoding="utf-8") as fh:
@@ -52,11 +57,29 @@ def make_neox_style(out_dir: str, corpus: str, vocab_size: int) -> str:
                 break
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as fh:
-        fh.write(train_styled_tokenizer("neox", texts, vocab_size - 26))
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
-                   "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": "<|padding|>"}, fh)
+        fh.write(train_styled_tokenizer(style, texts, STYLED[style]))
+    write_tokenizer_config(out_dir)
     return out_dir
+
+
+def write_tokenizer_config(out_dir: str) -> None:
+    """tokenizer_config.json naming the EOS that data_prep appends as EOD (Megatron-LM appends the EOS).
+
+    transformers' AutoTokenizer (Megatron-LM's HuggingFaceTokenizer) reads the directory.
+    """
+    from data_prep.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(os.path.join(out_dir, "tokenizer.json"))
+    eos = tok.decode([tok.eod])
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as fh:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
+                   "unk_token": eos, "pad_token": tok.decode([tok.pad])}, fh, ensure_ascii=False)
+
+
+def sha256_file(path: str) -> str:
+    """Hex sha256 of a file (which tokenizer file a recorded number was measured with)."""
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
 
 
 def compare_documents(ours: str, theirs: str) -> str:
@@ -94,7 +117,9 @@ def main() -> int:
     ap.add_argument("--target-mb", type=float, default=38.0, help="size of the generated JSONL")
     ap.add_argument("--input", help="JSONL with a 'text' key (default: generate one from the embedded corpus)")
     ap.add_argument("--scale", type=int, default=4, help="also run on the input repeated K times (steady state)")
-    ap.add_argument("--tokenizers", default="gpt2,neox", help="which of gpt2,neox to run")
+    ap.add_argument("--tokenizers", default="gpt2,neox,deepseek3", help="which of gpt2,neox,deepseek3 to run")
+    ap.add_argument("--tokenizer-json", action="append", default=[], metavar="NAME=PATH",
+                    help="also run this tokenizer.json (e.g. the real GPT-NeoX-20B file) under NAME")
     ap.add_argument("--compare-backends", action="store_true", help="also run data_prep on HF tokenizers")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--timeout", type=float, default=3600)
@@ -113,19 +138,29 @@ def main() -> int:
         n, size = make_jsonl(corpus, int(args.target_mb * 1e6))
         print(f"generated {corpus}: {n} documents, {size / 1e6:.1f} MB", flush=True)
     tok_dirs = {}
-    for name in args.tokenizers.split(","):
+    for name in filter(None, args.tokenizers.split(",")):
         t0 = time.time()
         if name == "gpt2":
             tok_dirs[name] = os.path.join(work, "tok", "gpt2")
             if not os.path.exists(os.path.join(tok_dirs[name], "merges.txt")):
                 tok_dirs[name] = make_tokenizer(os.path.join(work, "tok"), corpus, 50257)
-        elif name == "neox":
-            tok_dirs[name] = os.path.join(work, "tok", "neox")
+        elif name in STYLED:
+            tok_dirs[name] = os.path.join(work, "tok", name)
             if not os.path.exists(os.path.join(tok_dirs[name], "tokenizer.json")):
-                make_neox_style(tok_dirs[name], corpus, 50277)
+                make_styled(tok_dirs[name], corpus, name)
         else:
-            ap.error(f"--tokenizers: unknown {name!r} (want gpt2, neox)")
+            ap.error(f"--tokenizers: unknown {name!r} (want gpt2, {', '.join(STYLED)})")
         print(f"tokenizer {name}: {tok_dirs[name]} ({time.time() - t0:.0f}s)", flush=True)
+
+    for item in args.tokenizer_json:
+        name, _, path = item.partition("=")
+        if not path or not os.path.isfile(path):
+            ap.error(f"--tokenizer-json {item!r}: want NAME=PATH of a tokenizer.json")
+        tok_dirs[name] = os.path.join(work, "tok", name)
+        os.makedirs(tok_dirs[name], exist_ok=True)
+        shutil.copyfile(path, os.path.join(tok_dirs[name], "tokenizer.json"))
+        write_tokenizer_config(tok_dirs[name])
+        print(f"tokenizer {name}: {path} (sha256 {sha256_file(path)})", flush=True)
 
     results: dict[str, dict] = {}
 
@@ -172,7 +207,7 @@ def main() -> int:
     comparisons = {}
     big = repeat_file(corpus, args.scale) if args.scale > 1 else None
     for name, tok in tok_dirs.items():
-        tok_arg = os.path.join(tok, "tokenizer.json") if name == "neox" else tok
+        tok_arg = tok if name == "gpt2" else os.path.join(tok, "tokenizer.json")
         a = ours(f"{name}/data_prep", tok_arg, corpus)
         b = megatron(f"{name}/megatron_lm", name, corpus)
         comparisons[name] = compare_documents(a, b)
@@ -204,7 +239,7 @@ def main() -> int:
             # on a loaded machine a 1x run can take longer than the Kx one: then wall says nothing
             wall = f"{their_dt / ours_dt:.2f}x" if ours_dt > 0 and their_dt > 0 else "n/a (load changed)"
             print(f"{name} steady state ({args.scale}x minus 1x): data_prep {ours_rate:.2f} MB/CPU-s, Megatron-LM "
-                  f"{their_rate:.2f} MB/CPU-s: {ours_rate / their_rate:.2f}x (goal >= 5x with NeoX); wall {wall}; "
+                  f"{their_rate:.2f} MB/CPU-s: {ours_rate / their_rate:.2f}x (goal >= 5x with a NeoX tokenizer.json); wall {wall}; "
                   f"peak PSS {r['pss'] / 1e6:.0f} MB at {args.scale}x vs {small['pss'] / 1e6:.0f} MB at 1x")
         print(f"{name}: token ids vs Megatron-LM (1x): {comparisons[name]}")
     return 0

@@ -1,4 +1,4 @@
-"""A fast exact encoder derived from a byte-level BPE `tokenizer.json` (GPT-2, GPT-NeoX/Pythia/OLMo, Llama-3, Qwen2).
+"""A fast exact encoder derived from a byte-level BPE `tokenizer.json` (GPT-2, GPT-NeoX/Pythia/OLMo, Llama-3, Qwen2, DeepSeek-V3).
 
 HF `tokenizers` encodes a document as: split out added tokens matched on the raw text
 (`normalized: false`), normalise each remaining piece, split out added tokens matched on the
@@ -12,6 +12,13 @@ table maps ranks back to ids). The added-token splitting and the normalisation a
 as `tokenizers` does them. Whatever this module cannot reproduce raises `Unsupported` with the
 reason; the caller then encodes with `tokenizers` and says why. Exactness is also checked on a
 sample of each build's input (`sample_texts`, HFTokenizer.check_fast_path) before it is used.
+
+A vocabulary may lack the byte tokens of bytes no UTF-8 text contains (GPT-NeoX-20B's, and so
+Pythia's and OLMo-1's, lacks all 13): the encoder only ever sees decoded text. A pre-tokenizer
+`Sequence` of `Split` steps followed by `ByteLevel` is run as `tokenizers` runs it: each step
+splits every piece the previous one left; all steps but the last run here with the `regex`
+module, the last one inside tiktoken (its regex, plus an alternative for the text between
+matches, which `Split` keeps and tiktoken would drop).
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from typing import Iterable, Optional
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")  # the ones Python's unicodedata computes the same way
 SPECIAL_TOKEN_MODES = ("text", "honour")  # special-token strings in documents: plain text, or the special id
+# Bytes no UTF-8 text contains: 0xC0/0xC1 could only start overlong forms, 0xF5-0xFF code points above U+10FFFF.
+NON_UTF8_BYTES = frozenset([0xC0, 0xC1, *range(0xF5, 0x100)])
+SPLIT_BEHAVIORS = ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous")
 
 
 class Unsupported(ValueError):
@@ -49,10 +59,13 @@ def bpe_ranks(vocab: dict[str, int], merges: Iterable[tuple[str, str]]) -> tuple
 
     Vocab entries that no merge produces are left out: the merge-list BPE never outputs them either.
     """
-    u2b = {c: b for b, c in bytes_to_unicode().items()}
-    missing = [c for c in u2b if c not in vocab]
-    if missing:
-        raise Unsupported(f"{len(missing)} of the 256 byte tokens are missing from the vocab (e.g. {missing[0]!r})")
+    b2u = bytes_to_unicode()
+    u2b = {c: b for b, c in b2u.items()}
+    missing = [b for b, c in b2u.items() if c not in vocab]
+    needed = [b for b in missing if b not in NON_UTF8_BYTES]
+    if needed:
+        raise Unsupported(f"{len(missing)} of the 256 byte tokens are missing from the vocab, {len(needed)} of them "
+                          f"for bytes UTF-8 text uses (e.g. byte 0x{needed[0]:02X}, token {b2u[needed[0]]!r})")
 
     def to_bytes(token: str) -> bytes:
         try:
@@ -60,7 +73,7 @@ def bpe_ranks(vocab: dict[str, int], merges: Iterable[tuple[str, str]]) -> tuple
         except KeyError:
             raise Unsupported(f"token {token!r} has characters outside the byte-level alphabet") from None
 
-    singles = {to_bytes(c): vocab[c] for c in u2b}
+    singles = {bytes([b]): vocab[c] for b, c in b2u.items() if c in vocab}
     results: list[tuple[bytes, int]] = []
     seen: set[bytes] = set(singles)
     for a, b in merges:
@@ -75,9 +88,10 @@ def bpe_ranks(vocab: dict[str, int], merges: Iterable[tuple[str, str]]) -> tuple
     if all(x < y for x, y in zip(ids, ids[1:])):
         return {**singles, **dict(results)}, None
     # Out of id order: rank = merge index (bytes first, never compared as merges), mapped back to ids.
-    ranks = {b: r for r, b in enumerate(sorted(singles))}
-    ranks.update((b, 256 + k) for k, (b, _) in enumerate(results))
-    table = [singles[b] for b in sorted(singles)] + ids
+    order = sorted(singles)
+    ranks = {b: r for r, b in enumerate(order)}
+    ranks.update((b, len(order) + k) for k, (b, _) in enumerate(results))
+    table = [singles[b] for b in order] + ids
     return ranks, table
 
 
@@ -108,40 +122,142 @@ def _normalizer(spec: Optional[dict]) -> Optional[str]:
     raise Unsupported(f"normalizer {kind} is not supported (only {', '.join(NORMALIZERS)})")
 
 
-def _pattern(spec: Optional[dict]) -> str:
-    """The pre-tokenisation regex: ByteLevel's own, or a Split regex followed by ByteLevel without one."""
-    def byte_level(pt: dict, use_regex: bool) -> None:
-        if pt.get("add_prefix_space"):
-            raise Unsupported("pre-tokenizer ByteLevel with add_prefix_space is not supported")
-        if pt.get("use_regex", True) != use_regex:
-            raise Unsupported(f"pre-tokenizer ByteLevel with use_regex={pt.get('use_regex', True)} here "
-                              "is not supported")
+# A probe for Split patterns that can match the empty string: `tokenizers` (Oniguruma) and Python's
+# `regex` step past an empty match differently, so such patterns are left to `tokenizers`.
+_EMPTY_MATCH_PROBE = "Ab c1 23\t\n\r\n  x!?.'s \u00e9e\u0301 \u4e00\u3042\u30a2 \U0001F600\u200d\U0001F469 \u0661\x00\x1c"
+_RUST_META = set("\\.+*?()|[]{}^$#&-~")
 
+
+def _pattern_source(split: dict, for_rust: bool) -> str:
+    """The Split step's regex source; a String pattern is matched literally, as `tokenizers` escapes it."""
+    pattern = split.get("pattern") or {}
+    if "Regex" in pattern:
+        return pattern["Regex"]
+    if "String" in pattern:
+        import regex
+
+        text = pattern["String"]
+        return "".join("\\" + c if c in _RUST_META else c for c in text) if for_rust else regex.escape(text)
+    raise Unsupported(f"pre-tokenizer Split with pattern {pattern!r} is not supported")
+
+
+class SplitStep:
+    """One `Split` pre-tokenizer step, run with the `regex` module exactly as `tokenizers` runs it."""
+
+    def __init__(self, split: dict) -> None:
+        import regex
+
+        self.behavior, self.invert = split.get("behavior"), bool(split.get("invert"))
+        if self.behavior not in SPLIT_BEHAVIORS:
+            raise Unsupported(f"pre-tokenizer Split with behavior {self.behavior!r} is not supported")
+        self.source = _pattern_source(split, for_rust=False)
+        try:
+            self.rx = regex.compile(self.source)
+        except regex.error as e:
+            raise Unsupported(f"pre-tokenizer Split regex {self.source!r} not accepted by the regex module ({e})") \
+                from None
+        if any(m.start() == m.end() for m in self.rx.finditer(_EMPTY_MATCH_PROBE)) or self.rx.fullmatch(""):
+            raise Unsupported(f"pre-tokenizer Split regex {self.source!r} can match the empty string")
+        # Isolated, not inverted, is every piece in order: one C-level split when the pattern has no groups.
+        self._whole = regex.compile(f"({self.source})") if self.rx.groups == 0 else None
+
+    def split(self, text: str) -> list[str]:
+        """The non-empty pieces `tokenizers`' Split leaves of `text`."""
+        if self._whole is not None and self.behavior == "Isolated" and not self.invert:
+            return [p for p in self._whole.split(text) if p]
+        spans, prev = [], 0
+        for m in self.rx.finditer(text):
+            start, end = m.span()
+            if prev != start:
+                spans.append([prev, start, self.invert])
+            spans.append([start, end, not self.invert])
+            prev = end
+        if prev != len(text):
+            spans.append([prev, len(text), self.invert])
+        return [text[a:b] for a, b in self._group(spans)]
+
+    def _group(self, spans: list[list]) -> list[tuple[int, int]]:
+        """(start, end) of the pieces kept, from (start, end, is_match) spans: tokenizers' SplitDelimiterBehavior."""
+        behavior = self.behavior
+        if behavior == "Isolated":
+            return [(a, b) for a, b, _ in spans]
+        if behavior == "Removed":
+            return [(a, b) for a, b, is_match in spans if not is_match]
+        out: list[list[int]] = []
+        previous = False
+        if behavior == "MergedWithNext":
+            for a, b, is_match in reversed(spans):
+                if is_match and not previous and out:
+                    out[-1][0] = a
+                else:
+                    out.append([a, b])
+                previous = is_match
+            return [(a, b) for a, b in reversed(out)]
+        for a, b, is_match in spans:
+            merge = (is_match and not previous) if behavior == "MergedWithPrevious" else is_match == previous
+            if merge and out:
+                out[-1][1] = b
+            else:
+                out.append([a, b])
+            previous = is_match
+        return [(a, b) for a, b in out]
+
+
+def _with_gaps(pattern: str) -> str:
+    """A regex whose matches are `pattern`'s matches and, as pieces of their own, the text between them."""
+    return f"(?:{pattern})|(?:(?!(?:{pattern}))(?s:.))+"
+
+
+WHOLE_PIECE = r"(?s:.+)"  # the final regex when every split was made before tiktoken: each piece is one pre-token
+
+
+def _pre_tokenizer(spec: Optional[dict]) -> tuple[list[SplitStep], str]:
+    """(steps run before tiktoken, tiktoken's regex): ByteLevel alone, or Split steps followed by ByteLevel."""
     kind = (spec or {}).get("type")
-    if kind == "ByteLevel":
-        byte_level(spec, True)
-        return GPT2_PATTERN
-    if kind == "Sequence":
-        inner = spec.get("pretokenizers", [])
-        kinds = [p.get("type") for p in inner]
-        if kinds == ["Split", "ByteLevel"]:
-            split = inner[0]
-            if split.get("behavior") != "Isolated" or split.get("invert"):
-                raise Unsupported(f"pre-tokenizer Split with behavior {split.get('behavior')} / invert "
-                                  f"{split.get('invert')} is not supported (only Isolated, not inverted)")
-            if "Regex" not in split.get("pattern", {}):
-                raise Unsupported("pre-tokenizer Split on a literal string is not supported (only a Regex)")
-            byte_level(inner[1], False)
-            return split["pattern"]["Regex"]
-        raise Unsupported(f"pre-tokenizer Sequence {kinds} is not supported (only ByteLevel, or Split + ByteLevel)")
-    raise Unsupported(f"pre-tokenizer {kind} is not supported (only ByteLevel, or Split + ByteLevel)")
+    steps = spec.get("pretokenizers", []) if kind == "Sequence" else [spec or {}]
+    kinds = [p.get("type") for p in steps]
+    if not kinds or kinds[-1] != "ByteLevel" or any(k != "Split" for k in kinds[:-1]):
+        what = f"Sequence {kinds}" if kind == "Sequence" else kind
+        raise Unsupported(f"pre-tokenizer {what} is not supported (only ByteLevel, after any number of Split steps)")
+    byte_level, splits = steps[-1], steps[:-1]
+    if byte_level.get("add_prefix_space"):
+        raise Unsupported("pre-tokenizer ByteLevel with add_prefix_space is not supported")
+    python_steps = [SplitStep(s) for s in splits]
+    if byte_level.get("use_regex", True):
+        return python_steps, GPT2_PATTERN  # GPT-2's regex leaves no text between its matches
+    if not python_steps:
+        return [], WHOLE_PIECE
+    last, source = python_steps[-1], _pattern_source(splits[-1], for_rust=True)
+    if last.behavior == "Isolated" and not last.invert:
+        return python_steps[:-1], _with_gaps(source)
+    if last.behavior == "Removed" and last.invert:
+        return python_steps[:-1], source  # the matches only: what tiktoken's regex keeps
+    return python_steps, WHOLE_PIECE
 
 
 def _splitter(tokens: dict[str, int]) -> Optional[re.Pattern]:
-    """A regex splitting out `tokens` leftmost-longest, as `tokenizers`' Aho-Corasick matcher does."""
+    """A regex splitting out `tokens` leftmost-longest, as `tokenizers`' Aho-Corasick matcher does.
+
+    Written as a trie (a common prefix is tried once; a longer token before its prefix), so a
+    file with a thousand added tokens costs little more than one with a few.
+    """
     if not tokens:
         return None
-    return re.compile("(" + "|".join(re.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t))) + ")")
+    trie: dict = {}
+    for token in tokens:
+        node = trie
+        for c in token:
+            node = node.setdefault(c, {})
+        node[""] = True
+
+    def alternation(node: dict) -> str:
+        branches = [re.escape(c) + alternation(child) for c, child in sorted(node.items()) if c]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return re.compile("(" + alternation(trie) + ")")
 
 
 def _whitespace_tokens_in_pattern(tokens: dict[str, int]) -> str:
@@ -184,7 +300,7 @@ class FastBPE:
         if (spec.get("decoder") or {}).get("type") != "ByteLevel":
             raise Unsupported(f"decoder {(spec.get('decoder') or {}).get('type')} is not ByteLevel")
         self.normalizer = _normalizer(spec.get("normalizer"))
-        pat_str = _pattern(spec.get("pre_tokenizer"))
+        self._steps, pat_str = _pre_tokenizer(spec.get("pre_tokenizer"))
         vocab = model.get("vocab") or {}
         ranks, self._table = bpe_ranks(vocab, _merge_pairs(model.get("merges") or []))
         added_ids = {t["id"] for t in spec.get("added_tokens", [])}
@@ -211,7 +327,7 @@ class FastBPE:
             raise Unsupported("an added token is both normalised and not")
         if self._table is not None:  # encode() maps ranks to ids; added tokens' ids are marked to pass through
             raw, norm = ({t: -1 - i for t, i in d.items()} for d in (raw, norm))
-        if pat_str == GPT2_PATTERN and self._table is None and norm \
+        if pat_str == GPT2_PATTERN and not self._steps and self._table is None and norm \
                 and all(len(t) >= 2 and set(t) <= set(" \t\r\n") for t in norm):
             pat_str = _whitespace_tokens_in_pattern(norm)
             ranks.update((t.encode(), i) for t, i in norm.items())  # a merge result with the same text is unreachable
@@ -224,6 +340,8 @@ class FastBPE:
             self._enc.encode_ordinary("probe: the regex compiles")
         except Exception as e:  # tiktoken's Rust regex raises its own error types
             raise Unsupported(f"pre-tokenizer regex not accepted by tiktoken ({str(e).splitlines()[0]})") from None
+        self._bpe = self._enc.encode_ordinary if not self._steps else self._encode_pieces
+        self._piece_ids: dict[str, list[int]] = {}  # short pieces seen before (digit groups, words) -> ids
         self.special_tokens = special_tokens
 
     @property
@@ -234,13 +352,30 @@ class FastBPE:
     def _normalize(self, text: str) -> str:
         return unicodedata.normalize(self.normalizer, text) if self.normalizer else text
 
+    def _encode_pieces(self, text: str) -> list[int]:
+        """Run the Split steps before tiktoken in order, each on every piece the last left; BPE each piece."""
+        pieces = [text]
+        for step in self._steps:
+            pieces = [p for piece in pieces for p in step.split(piece)]
+        cache, enc, out = self._piece_ids, self._enc.encode_ordinary, []
+        for piece in pieces:
+            ids = cache.get(piece)
+            if ids is None:
+                ids = enc(piece)
+                if len(piece) <= 32:
+                    if len(cache) >= 200_000:
+                        cache.clear()
+                    cache[piece] = ids
+            out += ids
+        return out
+
     def _encode_gap(self, text: str) -> list[int]:
         """Normalise, split out normalised added tokens, BPE the rest."""
         text = self._normalize(text)
         if self._norm_re is None:
-            return self._enc.encode_ordinary(text)
+            return self._bpe(text)
         parts = self._norm_re.split(text)
-        enc, ids_of = self._enc.encode_ordinary, self._norm_ids
+        enc, ids_of = self._bpe, self._norm_ids
         out = enc(parts[0]) if parts[0] else []
         for i in range(1, len(parts), 2):
             out.append(ids_of[parts[i]])
@@ -294,44 +429,3 @@ def first_difference(a: list[int], b: list[int]) -> int:
         if x != y:
             return k
     return min(len(a), len(b))
-
-
-# Pre-tokenisation regexes of the tokenizer families below, as their tokenizer.json files spell them.
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
-STYLES = ("gpt2", "neox", "llama3", "qwen2")
-
-
-def train_styled_tokenizer(style: str, texts: Iterable[str], vocab_size: int) -> str:
-    """A byte-level BPE trained on `texts`, laid out like one family's tokenizer.json; returns its JSON text.
-
-    For tests and benchmarks (the families' real files are not downloadable here). neox: NFC,
-    GPT-2 regex, <|endoftext|> and <|padding|> special, plus 26 non-special added whitespace runs
-    (2-24 spaces, 2-4 tabs), as GPT-NeoX-20B's file is described in issue 25; llama3: Split regex
-    + ByteLevel without regex, ignore_merges; qwen2: NFC, Split regex (single digits).
-    """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    if style not in STYLES:
-        raise ValueError(f"style {style!r}: want one of {STYLES}")
-    specials = {"llama3": ["<|begin_of_text|>", "<|end_of_text|>"],
-                "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}.get(style, ["<|endoftext|>", "<|padding|>"])
-    tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))
-    if style in ("neox", "qwen2"):
-        tok.normalizer = normalizers.NFC()
-    if style in ("llama3", "qwen2"):
-        pattern = LLAMA3_PATTERN if style == "llama3" else QWEN2_PATTERN
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    else:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer)
-    if style == "neox":
-        tok.add_tokens([AddedToken(" " * n, normalized=True) for n in range(24, 1, -1)]
-                       + [AddedToken("\t" * n, normalized=True) for n in range(4, 1, -1)])
-    return tok.to_str()

@@ -38,6 +38,10 @@ def _build_parser() -> argparse.ArgumentParser:
                         "tokenised as plain text, as Megatron-LM's preprocess_data.py does with GPT2BPETokenizer; "
                         "honour = encoded as the special token's id (tokenizer.json only), as Megatron-LM's "
                         "HuggingFaceTokenizer (transformers) does")
+    b.add_argument("--invalid-utf8", default="skip", choices=("skip", "replace"),
+                   help="a document (a JSONL line, a .txt file) that is not valid UTF-8: skip (default) = skipped and "
+                        "counted; replace = kept, each invalid byte sequence decoded as U+FFFD (counted in the "
+                        "closing report and the manifest)")
     b.add_argument("--strict", action="store_true", help="fail on the first bad document instead of skipping it")
     b.add_argument("--force", action="store_true", help="rebuild even if complete outputs exist")
     b.add_argument("--mpi", dest="use_mpi", action="store_true", default=None,

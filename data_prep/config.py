@@ -32,6 +32,7 @@ class BuildConfig:
     append_eod: bool = True
     eod_token: Optional[str] = None
     special_tokens: str = "text"  # a special token's string in a document: "text" (plain text) or "honour"
+    invalid_utf8: str = "skip"  # a document that is not valid UTF-8: "skip" it, or "replace" bad bytes with U+FFFD
     strict: bool = False
     force: bool = False
     chunk_bytes: int = 4 << 20
@@ -47,6 +48,8 @@ class BuildConfig:
             "seed": self.seed, "jsonl_key": self.jsonl_key, "format": self.fmt, "normalize": self.normalize,
             "append_eod": self.append_eod, "eod_token": self.eod_token, "special_tokens": self.special_tokens,
             "strict": self.strict, "chunk_bytes": self.chunk_bytes,
+            # only when not the default, so that builds made before the option keep their fingerprint
+            **({"invalid_utf8": self.invalid_utf8} if self.invalid_utf8 != "skip" else {}),
         }
 
 

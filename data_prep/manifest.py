@@ -115,6 +115,8 @@ class Manifest:
             args += ["--normalize", settings["normalize"]]
         if settings.get("special_tokens") not in (None, "text"):
             args += ["--special-tokens", settings["special_tokens"]]
+        if settings.get("invalid_utf8") not in (None, "skip"):
+            args += ["--invalid-utf8", settings["invalid_utf8"]]
         return shlex.join(args)
 
     def verify_shards(self, checksums: bool = False) -> None:

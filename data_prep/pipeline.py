@@ -119,7 +119,7 @@ def _make_plan(cfg: BuildConfig) -> BuildPlan:
     if cfg.num_shards < 1:
         raise DataError(f"--num-shards {cfg.num_shards}: must be >= 1")
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.eod_token, cfg.special_tokens)
-    units = plan_units(cfg.inputs, cfg.fmt, cfg.jsonl_key, cfg.chunk_bytes, cfg.normalize)
+    units = plan_units(cfg.inputs, cfg.fmt, cfg.jsonl_key, cfg.chunk_bytes, cfg.normalize, cfg.invalid_utf8)
     if tokenizer.backend == "tiktoken":  # exactness checked on this input, not assumed
         tokenizer.check_fast_path(sample_texts(units))
     state = build_state(MANIFEST_VERSION, cfg.output_settings(), tokenizer.sha256, units)

@@ -49,6 +49,7 @@ class Record:
     text: Optional[str] = None
     skip_reason: Optional[str] = None
     message: str = ""
+    replacements: int = 0  # invalid UTF-8 sequences decoded as U+FFFD (--invalid-utf8 replace)
 
 
 def iter_unit(unit: Unit) -> Iterator[Record]:
@@ -74,14 +75,30 @@ def iter_unit(unit: Unit) -> Iterator[Record]:
                      skip_reason="unreadable_file", message=str(e))
 
 
-def _decode(raw: bytes, where: str) -> str:
+_REPLACEMENT = "\ufffd".encode()  # U+FFFD as valid UTF-8 in the input (not a replacement made here)
+
+
+def _decode(raw: bytes, where: str, mode: str = "skip", what: str = "line") -> tuple[str, int]:
+    """(text, invalid sequences replaced); under mode "skip" invalid UTF-8 raises ReadError with a fitting fix.
+
+    `what` is "line" (a JSONL line) or "file" (a .txt file or archive member: one document).
+    """
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8"), 0
     except UnicodeDecodeError as e:
-        raise ReadError("invalid_utf8", where, f"invalid UTF-8 at byte {e.start}") from None
+        if mode == "replace":
+            text = raw.decode("utf-8", errors="replace")
+            # one U+FFFD per invalid sequence; EF BF BD starts with a lead byte, so no invalid sequence swallows it
+            return text, text.count("\ufffd") - raw.count(_REPLACEMENT)
+        if what == "file":
+            fix = ("the whole file is one document, so all of it is skipped; fix: convert it to UTF-8 (e.g. "
+                   "iconv -f latin1 -t utf-8) or pass --invalid-utf8 replace to keep it with U+FFFD for each bad byte")
+        else:
+            fix = "fix: repair the line, or pass --invalid-utf8 replace to keep it with U+FFFD for each bad byte"
+        raise ReadError("invalid_utf8", where, f"invalid UTF-8 at byte {e.start} ({fix})") from None
 
 
-def _doc(key: str, where: str, text: str, rule: str) -> Record:
+def _doc(key: str, where: str, text: str, rule: str, replacements: int = 0) -> Record:
     if rule == "owt":
         text = normalize(text)
     if not text:
@@ -89,7 +106,7 @@ def _doc(key: str, where: str, text: str, rule: str) -> Record:
         # it contributes nothing to training, so it is counted as skipped instead.
         why = "empty document after normalisation" if rule == "owt" else "empty document"
         return Record(key, where, skip_reason="empty", message=why)
-    return Record(key, where, text=text)
+    return Record(key, where, text=text, replacements=replacements)
 
 
 def _open_text_stream(path: str) -> io.BufferedIOBase:
@@ -132,7 +149,7 @@ def _iter_jsonl(unit: Unit) -> Iterator[Record]:
             if not raw.strip():
                 continue  # blank lines are not documents
             try:
-                line = _decode(raw, where)
+                line, replaced = _decode(raw, where, unit.invalid_utf8, "line")
             except ReadError as e:
                 yield Record(key, where, skip_reason=e.reason, message=e.detail)
                 continue
@@ -150,7 +167,7 @@ def _iter_jsonl(unit: Unit) -> Iterator[Record]:
                 yield Record(key, where, skip_reason="missing_key",
                              message=f"key {unit.jsonl_key!r} is {type(val).__name__}, not a string")
                 continue
-            yield _doc(key, where, val, unit.normalize)
+            yield _doc(key, where, val, unit.normalize, replaced)
 
 
 def _iter_txt(unit: Unit) -> Iterator[Record]:
@@ -162,9 +179,11 @@ def _iter_txt(unit: Unit) -> Iterator[Record]:
             yield Record(name, name, skip_reason="unreadable_file", message=str(e))
             continue
         try:
-            yield _doc(name, name, _decode(raw, name), unit.normalize)
+            text, replaced = _decode(raw, name, unit.invalid_utf8, "file")
         except ReadError as e:
             yield Record(name, name, skip_reason=e.reason, message=e.detail)
+            continue
+        yield _doc(name, name, text, unit.normalize, replaced)
 
 
 def _iter_table_batches(batches, unit: Unit, first_row: int) -> Iterator[Record]:
@@ -238,7 +257,7 @@ class _Window(io.RawIOBase):
         super().close()
 
 
-def _iter_txt_tar(tf: tarfile.TarFile, prefix: str, rule: str) -> Iterator[Record]:
+def _iter_txt_tar(tf: tarfile.TarFile, prefix: str, rule: str, invalid_utf8: str) -> Iterator[Record]:
     """Documents (`.txt` members) of an inner OpenWebText subset tar, or nested `.xz` tars."""
     for m in tf:
         if not m.isfile():
@@ -247,19 +266,21 @@ def _iter_txt_tar(tf: tarfile.TarFile, prefix: str, rule: str) -> Iterator[Recor
         fobj = tf.extractfile(m)
         data = fobj.read() if fobj is not None else b""
         if m.name.lower().endswith(".xz"):
-            yield from _iter_inner_xz(io.BytesIO(data), where, rule)
+            yield from _iter_inner_xz(io.BytesIO(data), where, rule, invalid_utf8)
             continue
         try:
-            yield _doc(where, where, _decode(data, where), rule)
+            text, replaced = _decode(data, where, invalid_utf8, "file")
         except ReadError as e:
             yield Record(where, where, skip_reason=e.reason, message=e.detail)
+            continue
+        yield _doc(where, where, text, rule, replaced)
 
 
-def _iter_inner_xz(fileobj, where: str, rule: str) -> Iterator[Record]:
+def _iter_inner_xz(fileobj, where: str, rule: str, invalid_utf8: str) -> Iterator[Record]:
     """An `urlsf_subset*.xz`: an xz-compressed tar of `.txt` documents, streamed."""
     try:
         with tarfile.open(fileobj=fileobj, mode="r|xz") as tf:
-            yield from _iter_txt_tar(tf, where, rule)
+            yield from _iter_txt_tar(tf, where, rule, invalid_utf8)
     except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
         yield Record(f"{where}!error", where, skip_reason="corrupt_archive",
                      message=f"truncated or corrupt archive ({type(e).__name__}: {e})")
@@ -268,7 +289,8 @@ def _iter_inner_xz(fileobj, where: str, rule: str) -> Iterator[Record]:
 def _iter_owt(unit: Unit) -> Iterator[Record]:
     if unit.member:  # one inner .xz of a plain tar, read in place
         where = f"{unit.name}:{unit.member}"
-        yield from _iter_inner_xz(io.BufferedReader(_Window(unit.path, unit.start, unit.end)), where, unit.normalize)
+        yield from _iter_inner_xz(io.BufferedReader(_Window(unit.path, unit.start, unit.end)), where, unit.normalize,
+                                  unit.invalid_utf8)
         return
     low = unit.path.lower()
     try:
@@ -282,7 +304,7 @@ def _iter_owt(unit: Unit) -> Iterator[Record]:
             mode = "r|xz"  # urlsf_subset*.xz and openwebtext.tar.xz are both xz'd tars
         try:
             with tarfile.open(fileobj=fh, mode=mode) as tf:
-                yield from _iter_txt_tar(tf, unit.name, unit.normalize)
+                yield from _iter_txt_tar(tf, unit.name, unit.normalize, unit.invalid_utf8)
         except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
             yield Record(f"{unit.name}!error", unit.name, skip_reason="corrupt_archive",
                          message=f"truncated or corrupt archive ({type(e).__name__}: {e})")

@@ -31,6 +31,28 @@ def _skip_totals(unit_records: list[dict]) -> tuple[dict, list[str]]:
     return dict(sorted(skipped.items())), examples
 
 
+def _replaced_totals(cfg: BuildConfig, unit_records: list[dict]) -> dict:
+    """--invalid-utf8 and what it did: documents kept with U+FFFD, sequences replaced, the first few places."""
+    out = {"mode": cfg.invalid_utf8, "documents": 0, "replacements": 0, "examples": []}
+    for record in unit_records:
+        replaced = record.get("invalid_utf8_replaced", {})  # absent in unit records of older versions
+        out["documents"] += replaced.get("documents", 0)
+        out["replacements"] += replaced.get("replacements", 0)
+        out["examples"].extend(replaced.get("log", []))
+    out["examples"] = out["examples"][:1000]
+    return out
+
+
+# The fix a no-documents error suggests, by the reason the documents were skipped.
+_FIXES = {
+    "missing_key": "pass --jsonl-key with the field holding the text (now {key!r})",
+    "invalid_json": "pass --format matching the files",
+    "invalid_utf8": "pass --invalid-utf8 replace to keep them with U+FFFD for each invalid byte sequence, or convert "
+                    "the files to UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+    "empty": "give documents with text",
+}
+
+
 def no_documents_message(cfg: BuildConfig, units: list[Unit], unit_records: list[dict]) -> str:
     """One line for a build whose inputs yield no document: what was read, why each was skipped, the fix."""
     names = sorted({u.name for u in units})
@@ -41,9 +63,9 @@ def no_documents_message(cfg: BuildConfig, units: list[Unit], unit_records: list
                 f"fix: point --input at a non-empty corpus (format {cfg.fmt!r}; --format picks the reader)")
     skipped, examples = _skip_totals(unit_records)
     reasons = ", ".join(f"{reason}: {count}" for reason, count in skipped.items())
+    fixes = [_FIXES[r].format(key=cfg.jsonl_key) for r in skipped if r in _FIXES] or ["repair the documents named"]
     return (f"no documents to write: all {read} documents of {shown} were skipped ({reasons}; first: {examples[0]}); "
-            f"fix: pass --jsonl-key with the field holding the text (now {cfg.jsonl_key!r}) or --format matching "
-            "the files, or repair the documents named")
+            f"fix: {'; or '.join(fixes)}")
 
 
 def _normalize_record(cfg: BuildConfig, units: list[Unit]) -> dict:
@@ -83,6 +105,7 @@ def write_manifest(cfg: BuildConfig, plan: BuildPlan, num_ranks: int, unit_recor
                       "train": written - valid["documents"], "valid": valid["documents"]},
         "skipped_by_reason": skipped,
         "skipped_examples": examples[:1000],
+        "invalid_utf8": _replaced_totals(cfg, unit_records),
         "tokens": {"total": tokens, "train": tokens - valid["tokens"], "valid": valid["tokens"]},
         "shards": shards,
         "valid": valid,
@@ -101,6 +124,15 @@ def _print_report(cfg: BuildConfig, manifest: dict, in_bytes: int, seconds: floa
           f"{manifest['skipped_by_reason'] or ''}\n{tokens} tokens ({tokens / rate:,.0f} tokens/s, "
           f"{in_bytes / 1e6 / rate:.2f} MB/s input); manifest {manifest_path(cfg.output_prefix)}",
           file=sys.stderr, flush=True)
+    replaced = manifest["invalid_utf8"]
+    if replaced["documents"]:
+        print(f"invalid UTF-8: {replaced['replacements']} byte sequence(s) decoded as U+FFFD in "
+              f"{replaced['documents']} document(s) (--invalid-utf8 replace; first: {replaced['examples'][0]})",
+              file=sys.stderr)
+    skipped_utf8 = manifest["skipped_by_reason"].get("invalid_utf8", 0)
+    if skipped_utf8:
+        print(f"invalid UTF-8: {skipped_utf8} document(s) skipped; to keep them pass --invalid-utf8 replace "
+              "(or convert the input to UTF-8)", file=sys.stderr)
     empty = [e["prefix"] for e in manifest["shards"] if e["documents"] == 0]
     if empty:
         print(f"warning: {len(empty)} shard(s) received no documents: {empty[:3]} (use fewer shards)", file=sys.stderr)

@@ -131,6 +131,7 @@ def tokenize_unit(task: tuple[int, Unit]) -> dict:
     paths = unit_paths(context.work_dir, index)
     skipped: dict[str, int] = {}
     skip_log: list[str] = []
+    replaced = {"documents": 0, "replacements": 0, "log": []}  # --invalid-utf8 replace: what was decoded as U+FFFD
     docs_read = 0
     started = time.time()
 
@@ -140,6 +141,12 @@ def tokenize_unit(task: tuple[int, Unit]) -> dict:
         for record in iter_unit(unit):
             docs_read += 1
             if record.skip_reason is None:
+                if record.replacements:
+                    replaced["documents"] += 1
+                    replaced["replacements"] += record.replacements
+                    if len(replaced["log"]) < SKIP_LOG_LIMIT:
+                        replaced["log"].append(f"{record.where}: {record.replacements} invalid UTF-8 sequence(s) "
+                                               "decoded as U+FFFD")
                 encoder.add(record.key, record.text)
                 continue
             message = f"{record.where}: {record.skip_reason}: {record.message}"
@@ -165,6 +172,7 @@ def tokenize_unit(task: tuple[int, Unit]) -> dict:
     unit_record = {
         "fingerprint": context.fingerprint, "unit": unit.describe(), "docs_read": docs_read,
         "docs_ok": len(encoder.lengths), "tokens": encoder.tokens, "skipped": skipped, "skip_log": skip_log,
+        "invalid_utf8_replaced": replaced,
         "in_bytes": unit.est_bytes, "tok_bytes": os.path.getsize(paths["tok"]),
         "meta_bytes": os.path.getsize(paths["meta"]), "seconds": time.time() - started,
     }

@@ -15,7 +15,7 @@ from data_prep.checksums import sha256_files
 from data_prep.errors import one_line
 
 # Names tried, in order, for the end-of-document and padding tokens.
-EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<eod>", "[SEP]")
+EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<eos>", "<eod>", "[SEP]")
 PAD_CANDIDATES = ("<|padding|>", "<pad>", "[PAD]", "<|pad|>")
 
 

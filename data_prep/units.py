@@ -14,6 +14,7 @@ from typing import Optional
 
 FORMATS = ("auto", "owt", "jsonl", "parquet", "arrow", "txt")
 NORMALIZE_RULES = ("auto", "none", "owt")  # auto: "owt" for OpenWebText archives, "none" for every other format
+INVALID_UTF8_MODES = ("skip", "replace")  # a document that is not valid UTF-8: skipped, or decoded with U+FFFD
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".ndjson")
 
@@ -44,10 +45,13 @@ class Unit:
     files: list = field(default_factory=list)  # txt: [(path, name)]
     jsonl_key: str = "text"
     normalize: str = "none"  # the resolved rule: "none" or "owt"
+    invalid_utf8: str = "skip"  # "skip" or "replace" (INVALID_UTF8_MODES)
 
     def describe(self) -> dict:
         """A JSON-able identity of this unit (used to detect a changed plan on resume)."""
         d = {"fmt": self.fmt, "name": self.name, "bytes": self.est_bytes, "normalize": self.normalize}
+        if self.invalid_utf8 != "skip":  # absent by default: plans made before the option keep their identity
+            d["invalid_utf8"] = self.invalid_utf8
         if self.fmt == "jsonl":
             d.update(start=self.start, end=self.end)
         if self.member:
@@ -90,10 +94,12 @@ def _list_files(root: str) -> list[tuple[str, str]]:
 
 
 def plan_units(inputs: list[str], fmt: str = "auto", jsonl_key: str = "text",
-               chunk_bytes: int = 4 << 20, normalize: str = "auto") -> list[Unit]:
+               chunk_bytes: int = 4 << 20, normalize: str = "auto", invalid_utf8: str = "skip") -> list[Unit]:
     """Split the inputs into deterministic work units (same inputs -> same units)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
+    if invalid_utf8 not in INVALID_UTF8_MODES:
+        raise ValueError(f"unknown --invalid-utf8 {invalid_utf8!r}; choose from {INVALID_UTF8_MODES}")
     resolve_normalize(normalize, "jsonl")  # reject an unknown rule before any work
     files: list[tuple[str, str, str]] = []  # (path, name, fmt)
     for inp in inputs:
@@ -138,6 +144,7 @@ def plan_units(inputs: list[str], fmt: str = "auto", jsonl_key: str = "text",
     flush_txt()
     for unit in units:
         unit.normalize = resolve_normalize(normalize, unit.fmt)
+        unit.invalid_utf8 = invalid_utf8
     return units
 
 

@@ -7,7 +7,7 @@ import json
 import os
 import sysconfig
 
-from data_prep.bpe_fast import STYLES, train_styled_tokenizer
+from data_prep.tokenizer_styles import STYLES, train_styled_tokenizer
 from test_data_prep_helpers import make_docs
 
 STDLIB = sysconfig.get_paths()["stdlib"]
@@ -29,6 +29,20 @@ ADVERSARIAL = [
     "\n\n\n   \n  \n \n",
     " ",
     "x" * 500 + "\u0301",
+    # digit runs of every length, other scripts' digits, numerals that are not decimal digits
+    "1 12 123 1234 12345 123456 1234567 12345678901234567890 v2.0.11 0x1F 3.14e-10 \uff11\uff12\uff13\uff14",
+    "\u0663\u0664\u0665\u0666 \u0967\u0968\u0969\u096a \u00b2\u00b3 \u2167\u216b \u3007\u4e00\u4e8c 2024\u5e74",
+    # mixed scripts and CJK runs next to Latin, digits and punctuation
+    "\u6771\u4eac2024\u5e74\u30aa\u30ea\u30f3\u30d4\u30c3\u30afOlympics\u3002\u300c\u5f15\u7528\u300dabc\u4e2d\u6587",
+    "\u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 \u0939\u093f\u0928\u094d\u0926\u0940 "
+    "\u05e2\u05d1\u05e8\u05d9\u05ea \u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac",
+    # emoji with digits, keycaps, variation selectors and ZWJ next to letters
+    "1\ufe0f\u20e3 #\ufe0f\u20e3 \u2764\ufe0f\U0001F9D1\u200d\U0001F4BB code\u200dword a\u200bb \U0001F600123",
+    # control characters (C0, DEL, C1, separators tokenizers' \\s does not count as whitespace)
+    "a\x00b\x01c\x1cd\x1de\x1ef\x1fg\x7fh\x85i\x9fj \x0b\x0c \u2028\u2029 end",
+    # whitespace runs of every kind before words, punctuation and the end
+    "x \t \t y\u00a0\u00a0\u00a0z\u3000\u3000w" + " " * 7 + "." + "\t" * 5 + "!" + "\n" * 4 + " " * 3,
+    ".foo \"Hello ,bar ...baz ;x  --y",
 ]
 
 

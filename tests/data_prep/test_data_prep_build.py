@@ -263,3 +263,35 @@ def test_background_megatron_import_reraises_its_error_when_waited_on(monkeypatc
     wait = writer.import_megatron_in_background()
     with pytest.raises(ImportError, match="megatron.core is not installed"):
         wait()
+
+
+def _txt_corpus_with_one_bad_file(root: Path) -> str:
+    root.mkdir()
+    (root / "good.txt").write_text("plain good text")
+    (root / "bad.txt").write_bytes(b"bad \xff\xfe bytes and \xc3\x28 here")  # 3 invalid sequences
+    return str(root)
+
+
+def test_invalid_utf8_replace_keeps_the_document_and_counts_replacements_in_summary_and_manifest(
+        tok_path, tmp_path, capsys):
+    src = _txt_corpus_with_one_bad_file(tmp_path / "txt")
+    man = run_build([src], tok_path, tmp_path / "o" / "c", valid_docs=0, invalid_utf8="replace")
+    assert man["documents"]["written"] == 2 and man["skipped_by_reason"] == {}
+    assert {k: man["invalid_utf8"][k] for k in ("mode", "documents", "replacements")} == \
+        {"mode": "replace", "documents": 1, "replacements": 3}
+    assert "txt/bad.txt: 3 invalid UTF-8 sequence(s)" in man["invalid_utf8"]["examples"][0]
+    assert "invalid UTF-8: 3 byte sequence(s) decoded as U+FFFD in 1 document(s)" in capsys.readouterr().err
+    tok = load_tokenizer(tok_path)
+    shard = load_manifest(str(tmp_path / "o" / "c")).train_prefixes[0]
+    decoded = sorted(tok.decode(d[:-1]) for d in read_prefix_docs(shard))
+    assert decoded == ["bad \ufffd\ufffd bytes and \ufffd( here", "plain good text"]
+    assert "--invalid-utf8 replace" in load_manifest(str(tmp_path / "o" / "c")).rebuild_command()
+
+
+def test_invalid_utf8_skip_is_the_default_and_the_summary_says_how_to_keep_them(tok_path, tmp_path, capsys):
+    src = _txt_corpus_with_one_bad_file(tmp_path / "txt")
+    man = run_build([src], tok_path, tmp_path / "o" / "c", valid_docs=0)
+    assert man["documents"]["written"] == 1 and man["skipped_by_reason"] == {"invalid_utf8": 1}
+    assert man["invalid_utf8"]["mode"] == "skip" and man["invalid_utf8"]["replacements"] == 0
+    assert "invalid UTF-8: 1 document(s) skipped; to keep them pass --invalid-utf8 replace" in capsys.readouterr().err
+    assert "--invalid-utf8" not in load_manifest(str(tmp_path / "o" / "c")).rebuild_command()

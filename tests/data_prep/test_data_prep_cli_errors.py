@@ -95,3 +95,12 @@ def test_file_size_limit_names_the_output_path(tok_path, tmp_path):
             "--input", src]
     line = the_error_line(run_cli(args, timeout=180, preexec_fn=limit_file_size))
     assert f"{tmp_path / 'o'}/" in line and "File too large" in line and "fix:" in line
+
+
+def test_txt_input_with_only_invalid_utf8_suggests_the_text_file_fixes(tok_path, tmp_path):
+    src = tmp_path / "txt"
+    src.mkdir()
+    (src / "latin1.txt").write_bytes("caf\u00e9 cr\u00e8me".encode("latin-1"))
+    line = the_error_line(build_cli([src], tok_path, tmp_path / "o" / "c"))
+    assert "invalid_utf8: 1" in line and "latin1.txt" in line and "--invalid-utf8 replace" in line
+    assert "--jsonl-key" not in line

@@ -162,3 +162,38 @@ def test_unreadable_file_becomes_a_named_skip_record(tmp_path):
     unit = Unit("jsonl", str(tmp_path / "gone.jsonl"), "gone.jsonl", 0)
     (rec,) = list(iter_unit(unit))
     assert rec.skip_reason == "unreadable_file" and rec.where == "gone.jsonl"
+
+
+BAD_UTF8 = b"broken \xc3\x28 bytes \xff\xfe, and a U+FFFD stored as such: \xef\xbf\xbd"  # 3 invalid sequences
+
+
+def test_invalid_utf8_txt_file_is_skipped_with_a_fix_for_text_files(tmp_path):
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "txt" / "a.txt").write_text("fine text")
+    (tmp_path / "txt" / "b.txt").write_bytes(BAD_UTF8)
+    recs = read_all([str(tmp_path / "txt")])
+    assert texts(recs) == ["fine text"]
+    (bad,) = [r for r in recs if r.skip_reason]
+    assert bad.skip_reason == "invalid_utf8" and bad.where == "txt/b.txt"
+    assert "whole file is one document" in bad.message and "--invalid-utf8 replace" in bad.message
+    assert "iconv" in bad.message and "--jsonl-key" not in bad.message
+
+
+def test_invalid_utf8_replace_keeps_the_txt_file_and_counts_each_bad_sequence(tmp_path):
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "txt" / "b.txt").write_bytes(BAD_UTF8)
+    (rec,) = read_all([str(tmp_path / "txt")], invalid_utf8="replace")
+    assert rec.text == BAD_UTF8.decode("utf-8", errors="replace") and rec.replacements == 3
+
+
+def test_invalid_utf8_replace_keeps_a_jsonl_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"text": "good"}\n{"text": "bad \xff utf8"}\n')
+    skipped, replaced = read_all([str(path)]), read_all([str(path)], invalid_utf8="replace")
+    assert [r.skip_reason for r in skipped] == [None, "invalid_utf8"] and "repair the line" in skipped[1].message
+    assert texts(replaced) == ["good", "bad \ufffd utf8"] and [r.replacements for r in replaced] == [0, 1]
+
+
+def test_an_unknown_invalid_utf8_mode_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--invalid-utf8 'ignore'"):
+        read_all([write_jsonl(str(tmp_path / "d.jsonl"), ["x"])], invalid_utf8="ignore")

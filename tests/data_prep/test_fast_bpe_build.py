@@ -1,6 +1,6 @@
 """`build` with a tokenizer.json: the fast encoder is checked on the input, and which encoder ran is recorded.
 
-Runtime ~20 s (trains four small tokenizers, runs a few one-shard builds).
+Runtime ~30 s (trains six small tokenizers, runs a few one-shard builds).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def build_one_shard(docs, tok, tmp_path, **kw):
     return read_prefix_docs(man.train_prefixes[0]), man
 
 
-@pytest.mark.parametrize("style", ["neox", "llama3"])
+@pytest.mark.parametrize("style", ["neox", "llama3", "deepseek3"])
 def test_build_with_the_fast_encoder_writes_tokenizers_ids_then_eod(styled, style, tmp_path):
     docs = ADVERSARIAL + make_docs(30, seed=4)
     got, man = build_one_shard(docs, styled[style], tmp_path)
@@ -53,6 +53,16 @@ def test_unsupported_tokenizer_falls_back_once_with_the_reason_in_console_and_ma
     assert got == [ids + [man.eod_id] for ids in reference_ids(path, docs)]
     assert man.encoder == "tokenizers" and "normalizer Lowercase is not supported" in man.encoder_fallback_reason
     assert capsys.readouterr().err.count("fast path not used: normalizer Lowercase is not supported") == 1
+
+
+def test_a_vocab_missing_a_byte_utf8_uses_is_built_by_tokenizers_with_the_reason(styled, tmp_path, capsys):
+    path = edited(styled["neox"], str(tmp_path / "no_tilde.json"), lambda s: s["model"]["vocab"].pop("~"))
+    docs = make_docs(10, seed=6)
+    got, man = build_one_shard(docs, path, tmp_path)
+    assert got == [ids + [man.eod_id] for ids in reference_ids(path, docs)]
+    reason = "14 of the 256 byte tokens are missing from the vocab, 1 of them for bytes UTF-8 text uses (e.g. byte 0x7E"
+    assert man.encoder == "tokenizers" and reason in man.encoder_fallback_reason
+    assert f"fast path not used: {reason}" in capsys.readouterr().err
 
 
 def test_a_difference_on_the_sampled_input_falls_back_before_tokenising(tmp_path, capsys):
