@@ -150,12 +150,13 @@ def _num(entry: dict | None, digits: int = 3, sign: bool = False) -> str:
     return text + se + sd
 
 
-def _paper(value: float | None, sign: bool = False, percent: bool = False) -> str:
+def _paper(value: float | None, sign: bool = False, percent: bool = False, digits: int = 2) -> str:
+    """A published number at the paper's precision (Table 5: three decimals, the others two)."""
     if value is None:
         return "—"
     if percent:
         return f"{100 * value:.1f} %"
-    return f"{value:+.2f}" if sign else f"{value:.3g}"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
 def _claim_text(part: dict) -> str:
@@ -179,20 +180,23 @@ def table_section(number: int, summary: dict, records: list[dict]) -> tuple[str,
               f"{12 - table.eval_factor}w", "Paper G(8K)", "G(4w) ± SE", "Paper in-dist", "In-dist ± SE",
               "Paper Δ" if number != 5 else "Paper penalty", "Δ in-dist vs baseline ± paired SE (penalty)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    digits = 3 if number == 5 else 2
     for name in table.rows:
         paper = table.paper[name]
         s = summary.get(name)
         if s is None:
-            lines.append(f"| {ROWS[name].label} | 0 | {_paper(paper.get('cliff'))} | not run yet | | | | | | | |")
+            lines.append(f"| {ROWS[name].label} | 0 | {_paper(paper.get('cliff'), digits=digits)} | not run yet "
+                         "| | | | | | | |")
             continue
         delta = s.get("delta")
         ours_delta = "—" if delta is None else (f"{delta['delta']:+.3f} ± {delta['se']:.3f} "
                                                 f"({100 * s['penalty']:+.1f} %)")
         paper_delta = (_paper(paper.get("penalty"), percent=True) if number == 5
                        else _paper(paper.get("delta"), sign=True))
-        lines.append(f"| {ROWS[name].label} | {len(s['seeds'])} | {_paper(paper.get('cliff'))} | "
+        lines.append(f"| {ROWS[name].label} | {len(s['seeds'])} | {_paper(paper.get('cliff'), digits=digits)} | "
                      f"{_num(s.get(cliff))} | {_num(s.get(other))} | {_paper(paper.get('gain'), sign=True)} | "
-                     f"{_num(s.get('gain'), sign=True)} | {_paper(paper.get('in_dist'))} | {_num(s.get('in_dist'))} | "
+                     f"{_num(s.get('gain'), sign=True)} | {_paper(paper.get('in_dist'), digits=digits)} | "
+                     f"{_num(s.get('in_dist'))} | "
                      f"{paper_delta} | {ours_delta} |")
     checked = [check(c, records, table.eval_factor) for c in table.conclusions]
     findings = [f"- **{c['verdict']}** — {c['text']}:\n" + "\n".join(f"  - {_claim_text(p)}" for p in c["parts"])

@@ -224,6 +224,19 @@ def test_the_summary_reports_delta_and_penalty_against_the_same_seeds_baseline()
     assert summary["a"]["cliff_4w"]["mean"] == pytest.approx(0.5)
 
 
+def test_a_report_of_part_of_the_plan_says_partial_and_marks_the_rows_not_run(tmp_path):
+    from pretrain.experiments.ablations_report import write_report
+
+    records = [_cliffs("baseline", 42, [1.0] * 6), _cliffs("posaug", 42, [0.2] * 6, shift=0.1)]
+    timing = {"runs_timed": 2, "train_cpu_s": 60.0, "train_wall_s": 90.0, "cores": 2, "invocations": []}
+    report = write_report(tmp_path, "cpu-tiny", PRESETS["cpu-tiny"], [6], records, timing,
+                          planned={"seeds": [42], "tables": [6]}).read_text()
+    assert "Partial: 5 of 7 planned" in report and report.count("not run yet") == 5
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["partial_missing"] == 5
+    assert [c["verdict"] for c in results["conclusions"]["6"]] == ["not measured"] * 3
+
+
 # ---------------------------------------------------------------- the command
 
 def test_an_unknown_table_is_a_one_line_error_with_exit_code_2(tmp_path):
