@@ -117,18 +117,28 @@ def claim_verdict(expected: str, measured: str) -> str:
     return "opposite" if measured == OPPOSITE[expected] else "no significant difference"
 
 
-def check(conclusion: Conclusion, records: list[dict], eval_factor: int) -> dict:
+def check(conclusion: Conclusion, records: list[dict], eval_factor: int, paper: dict | None = None) -> dict:
     """One conclusion against the records: per claim the paired comparison and its verdict, and overall.
 
     Overall: reproduced when every claim is, opposite when any claim is, else no significant difference;
-    'not measured' when a claim's rows (or G) are missing.
+    'not measured' when a claim's rows (or G) are missing. With the table's published numbers (`paper`),
+    each claim also carries the paper's own difference, and a cliff claim our PosAug − baseline cliff
+    difference (the scale on which a reader judges a small significant difference).
     """
+    paper = paper or {}
     parts = []
     for claim in conclusion.claims:
         metric = f"cliff_{eval_factor}w" if claim.metric == "cliff" else claim.metric
         result = compare(records, claim.row, claim.other, metric)
         verdict = "not measured" if result is None else claim_verdict(claim.expected, result["verdict"])
-        parts.append({"claim": claim, "metric": metric, "result": result, "verdict": verdict})
+        part = {"claim": claim, "metric": metric, "result": result, "verdict": verdict}
+        theirs = [paper.get(r, {}).get(claim.metric) for r in (claim.row, claim.other)]
+        if None not in theirs:
+            part["paper_delta"] = theirs[0] - theirs[1]
+        reference = compare(records, "posaug", "baseline", metric) if claim.metric == "cliff" else None
+        if result is not None and reference is not None and {claim.row, claim.other} != {"posaug", "baseline"}:
+            part["posaug_minus_baseline"] = reference["delta"]
+        parts.append(part)
     verdicts = [p["verdict"] for p in parts]
     if "not measured" in verdicts:
         overall = "not measured"
@@ -167,8 +177,10 @@ def _claim_text(part: dict) -> str:
     if result is None:
         return f"{head}: not measured"
     spread = f", seed spread {result['spread']:.3f}" if result["seeds"] > 1 else ""
+    share = f"; PosAug − baseline {part['posaug_minus_baseline']:+.3f}" if "posaug_minus_baseline" in part else ""
+    theirs = f"; paper Δ {part['paper_delta']:+.2f}" if "paper_delta" in part else ""
     return (f"{head}: Δ {result['delta']:+.3f} ± {result['se']:.3f} paired SE{spread} "
-            f"({result['seeds']} seed{'s' if result['seeds'] > 1 else ''}) → {part['verdict']}")
+            f"({result['seeds']} seed{'s' if result['seeds'] > 1 else ''}){share}{theirs} → {part['verdict']}")
 
 
 def table_section(number: int, summary: dict, records: list[dict]) -> tuple[str, list[dict]]:
@@ -198,7 +210,7 @@ def table_section(number: int, summary: dict, records: list[dict]) -> tuple[str,
                      f"{_num(s.get('gain'), sign=True)} | {_paper(paper.get('in_dist'), digits=digits)} | "
                      f"{_num(s.get('in_dist'))} | "
                      f"{paper_delta} | {ours_delta} |")
-    checked = [check(c, records, table.eval_factor) for c in table.conclusions]
+    checked = [check(c, records, table.eval_factor, table.paper) for c in table.conclusions]
     findings = [f"- **{c['verdict']}** — {c['text']}:\n" + "\n".join(f"  - {_claim_text(p)}" for p in c["parts"])
                 for c in checked]
     text = f"## Table {number}: {table.title}\n\n" + "\n".join(lines) + "\n\nThe paper's conclusions:\n\n" + \
@@ -308,7 +320,9 @@ our rows within a table, and the paper's rows within a table, not our values wit
         "summary": summary, "timing": timing,
         "conclusions": {str(n): [{"text": c["text"], "verdict": c["verdict"], "parts": [
             {"row": p["claim"].row, "other": p["claim"].other, "metric": p["metric"], "expected": p["claim"].expected,
-             "verdict": p["verdict"], **(p["result"] or {})} for p in c["parts"]]} for c in cs]
+             "verdict": p["verdict"], "paper_delta": p.get("paper_delta"),
+             "posaug_minus_baseline": p.get("posaug_minus_baseline"), **(p["result"] or {})}
+            for p in c["parts"]]} for c in cs]
             for n, cs in checked.items()}}
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     return out / "report.md"

@@ -209,6 +209,14 @@ def test_a_conclusion_is_reproduced_only_when_every_comparison_is_and_opposite_w
     assert check(both, [base, _cliffs("a", 1, lower_cliff, shift=-0.5)], 4)["verdict"] == "opposite"
 
 
+def test_each_checked_comparison_carries_the_papers_own_difference_and_our_posaug_effect():
+    records = [_cliffs("baseline", 1, [1.0] * 6), _cliffs("posaug", 1, [0.4, 0.5, 0.3, 0.4, 0.45, 0.35]),
+               _cliffs("a", 1, [0.2, 0.3, 0.1, 0.2, 0.25, 0.2])]
+    part = check(LOWER, records, 4, paper={"a": {"cliff": 0.5}, "baseline": {"cliff": 2.0}})["parts"][0]
+    assert part["paper_delta"] == pytest.approx(-1.5)
+    assert part["posaug_minus_baseline"] == pytest.approx(-0.6)
+
+
 def test_a_conclusion_on_g_without_g_measured_is_not_measured():
     claim = Conclusion("a raises G", (Claim("a", "baseline", "gain", "higher"),))
     records = [_cliffs("baseline", 1, [1.0] * 6), _cliffs("a", 1, [1.0] * 6)]
