@@ -69,9 +69,13 @@ def difference(a: dict, b: dict, metric: str = "accuracy") -> tuple[float, float
     """
     se_key, sd_key = _spread_keys(metric)
     delta, se = a[metric] - b[metric], math.sqrt(a[se_key] ** 2 + b[se_key] ** 2)
-    spread = a.get(sd_key, 0.0) + b.get(sd_key, 0.0)
-    verdict = "no significant difference" if abs(delta) <= max(2 * se, spread) else ("higher" if delta > 0 else "lower")
-    return delta, se, verdict
+    return delta, se, significance(delta, se, a.get(sd_key, 0.0) + b.get(sd_key, 0.0))
+
+
+def significance(delta: float, se: float, spread: float = 0.0) -> str:
+    """'higher' | 'lower' | 'no significant difference': a difference counts beyond 2 SE and beyond the seeds'
+    spread (sd_a + sd_b; 0 with one seed)."""
+    return "no significant difference" if abs(delta) <= max(2 * se, spread) else ("higher" if delta > 0 else "lower")
 
 
 def all_lengths(row: dict, count: int) -> dict:

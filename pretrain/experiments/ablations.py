@@ -1,0 +1,287 @@
+"""`python -m pretrain reproduce --suite ablations`: the paper's ablation Tables 5–11 at CPU scale.
+
+The corpus, tokenizer, shards and validation spans of `reproduce` (its `prepare_data`), one
+Megatron-Core run per (row, seed) with the same data order and initial weights per seed (each row
+of `ablation_tables.ROWS`, shared rows once), then per run one full-context pass over spans of 8w
+giving per-span in-distribution loss (targets in_start..w), loss beyond w up to 4w and up to 8w,
+and the exact context gain G(4w) per span on the first spans. The report sets each table beside
+the paper's numbers and checks its stated conclusions (`ablations_report`). Everything resumes:
+finished runs and evaluations are reused, and an interrupted invocation leaves a report of what
+finished (written after every table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from data_prep.errors import OutputError, write_text_atomic
+from pretrain.experiments.ablation_tables import ROWS, SHAPES, TABLES, row_preset, rows_of
+from pretrain.experiments.presets import Preset
+from pretrain.experiments.reproduce import prepare_data, train_config
+from pretrain.table import SIZES
+from pretrain.tasks.suite import INVOCATIONS, record_invocation
+from pretrain.trainer import config as config_module
+
+SEEDS = [42, 137, 2024] + list(range(1, 100))  # the paper's seeds first, as `reproduce`
+
+PRESETS = {
+    # The cpu-small model (0.8M non-embedding parameters), w = 64, eval at 8w; 27 runs per seed.
+    # 819,200 tokens a run (400 steps of 32 × 64): sized so one seed of all seven tables trains and
+    # evaluates in ~80 min on 2 cores shared with other jobs (benchmarks/README.md has the measurement).
+    "cpu-small": Preset(model="cpu-small", window=64, vocab_size=4096, train_tokens=819_200,
+                        global_batch_size=32, micro_batch_size=32, lr=3e-3, eval_length=8 * 64,
+                        num_spans=200, in_dist_start=16, gain_window=16, corpus_bytes=6_000_000,
+                        valid_fraction=0.15, gain_spans=20),
+    # The whole suite end to end in a few minutes (tests); the numbers mean nothing.
+    "cpu-tiny": Preset(model="tiny", window=16, vocab_size=512, train_tokens=4_096, global_batch_size=16,
+                       micro_batch_size=16, lr=3e-3, eval_length=8 * 16, num_spans=16, in_dist_start=4,
+                       gain_window=4, corpus_bytes=400_000, valid_fraction=0.1, gain_spans=4),
+}
+
+
+def _log(message: str) -> None:
+    print(f"[ablations] {message}", flush=True)
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
+
+
+def shaped(architecture: dict, shape: str) -> dict:
+    """model.* fields of `shape` (SHAPES: layers and hidden size scaled, heads kept, FFN in proportion)."""
+    if shape == "standard":
+        return {}
+    layers, width = SHAPES[shape]
+    heads = architecture["num_attention_heads"]
+    step = 2 * heads  # head dimension stays even (RoPE rotates pairs)
+    hidden = max(step, round(architecture["hidden_size"] * width / step) * step)
+    ffn = max(8, round(architecture["ffn_hidden_size"] * hidden / architecture["hidden_size"] / 8) * 8)
+    return {"num_layers": max(1, round(architecture["num_layers"] * layers)), "hidden_size": hidden,
+            "ffn_hidden_size": ffn, "kv_channels": None}
+
+
+def row_config(preset: Preset, name: str, seed: int, data_prefix: str, run_dir: Path) -> config_module.TrainConfig:
+    """The TrainConfig of one (row, seed): `reproduce`'s run config with the row's positions and shape."""
+    row = ROWS[name]
+    raw = config_module.to_dict(train_config(row_preset(preset, row), "baseline", seed, data_prefix, run_dir))
+    raw["model"].update(shaped(SIZES[preset.model].architecture, row.shape))
+    raw["positions"] = dict(row.positions)
+    if row.half_layers:
+        raw["positions"]["layer_count"] = raw["model"]["num_layers"] // 2
+    return config_module.from_dict(raw)
+
+
+def _run_name(name: str, seed: int) -> str:
+    return f"{name}_s{seed}"
+
+
+def train_runs(out: Path, preset: Preset, names: list[str], seed: int, data_prefix: str,
+               jobs: int) -> dict[str, Path]:
+    """Train every row of `names` for `seed` not finished yet, `jobs` processes of cores/jobs threads at a time.
+
+    A process per run (Megatron's global state does not leak between runs); per-run wall and CPU
+    seconds go to timing/<run>.json.
+    """
+    from pretrain.trainer.checkpoint import latest_iteration
+
+    runs = {name: out / "runs" / _run_name(name, seed) for name in names}
+    iters = {name: row_preset(preset, ROWS[name]).train_iters for name in names}
+    todo = [n for n in names if latest_iteration(runs[n]) != iters[n]]
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    for folder in ("configs", "logs", "timing"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    walls: list[float] = []
+    while todo or running:
+        while todo and len(running) < jobs:
+            name = todo.pop(0)
+            eta = (f"; ETA {sum(walls) / len(walls) * (len(todo) + 1 + len(running)) / jobs / 60:.1f} min"
+                   if walls else "")
+            _log(f"training {_run_name(name, seed)} ({iters[name]} steps; {len(todo)} more queued, "
+                 f"load {_load()}){eta}")
+            config_file = out / "configs" / f"{_run_name(name, seed)}.yaml"
+            write_text_atomic(config_file, config_module.dump(row_config(preset, name, seed, data_prefix, runs[name])),
+                              what="run config")
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            with (out / "logs" / f"{_run_name(name, seed)}.log").open("w") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)],
+                                        stdout=log, stderr=subprocess.STDOUT, env=env)
+            running[name] = (proc, time.time())
+        time.sleep(0.5)
+        for name, (proc, begun) in list(running.items()):
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            del running[name]
+            code = os.waitstatus_to_exitcode(status)
+            proc.returncode = code
+            log_file = out / "logs" / f"{_run_name(name, seed)}.log"
+            if code != 0:
+                for other, _ in running.values():
+                    other.kill()
+                    other.wait()
+                raise RuntimeError(f"training {_run_name(name, seed)} failed (exit {code}); log {log_file}:\n"
+                                   f"{log_file.read_text()[-3000:]}")
+            wall = time.time() - begun
+            walls.append(wall)
+            timing = {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "threads": threads, "jobs": jobs,
+                      "load_at_end": _load()}
+            write_text_atomic(out / "timing" / f"{_run_name(name, seed)}.json", json.dumps(timing),
+                              what="run timing")
+            _log(f"    {_run_name(name, seed)}: {wall:.0f} s wall, {timing['cpu_s']:.0f} s CPU")
+    return runs
+
+
+def evaluate_run(run_dir: Path, name: str, seed: int, preset: Preset, spans) -> dict:
+    """Per-span in-distribution loss, loss beyond w to 4w and to 8w, and G(4w) per span; one JSON-able record.
+
+    Every row splits its targets at the preset's window w (Table 11's longer-window rows too, so all
+    rows of a table measure the same targets). G(4w) = mean over targets t in [g, 4w) of the loss
+    seeing exactly its g predecessors minus the full-context loss (g = the preset's gain window).
+    """
+    from pretrain.evaluation.metrics import exact_window_losses, per_position_loss
+    from pretrain.evaluation.scorers import load_scorer
+
+    started = time.time()
+    w, g, start = preset.window, preset.gain_window, preset.in_dist_start
+    scorer = load_scorer(run_dir, backend="hf", name=name)
+    losses = per_position_loss(scorer, spans).double()  # index i = target position i + 1
+    record = {"row": name, "seed": seed, "run": run_dir.name, "window": w,
+              "train_window": w * ROWS[name].window_factor, "curve": losses.mean(0).tolist(),
+              "per_span": {"in_dist": losses[:, start - 1:w].mean(1).tolist(),
+                           "ood_4w": losses[:, w:4 * w - 1].mean(1).tolist(),
+                           "ood_8w": losses[:, w:8 * w - 1].mean(1).tolist()}}
+    if preset.gain_spans:
+        head = spans[: preset.gain_spans, : 4 * w]
+        # Standard RoPE at evaluation for every row, so the 4w prefix of the 8w pass is the 4w pass.
+        full = losses[: preset.gain_spans, g - 1: 4 * w - 1]
+        short = exact_window_losses(scorer, head, g).double()[:, g - 1:]
+        record["per_span"]["gain_4w"] = (short - full).mean(1).tolist()
+    record["eval_s"] = time.time() - started
+    return record
+
+
+def evaluate_runs(out: Path, preset: Preset, runs: dict[str, Path], seed: int, data_prefix: str) -> list[dict]:
+    """Evaluate every run on the same spans, once (cached as eval/<run>.json)."""
+    from pretrain.evaluation.data import eval_spans, load_stream
+
+    spans = None
+    records = []
+    for name, run_dir in runs.items():
+        path = out / "eval" / f"{run_dir.name}.json"
+        if path.is_file():
+            records.append(json.loads(path.read_text()))
+            continue
+        if spans is None:
+            spans = eval_spans(load_stream(data_prefix), preset.num_spans, preset.eval_length)
+        record = evaluate_run(run_dir, name, seed, preset, spans)
+        write_text_atomic(path, json.dumps(record), what="evaluation record")
+        records.append(record)
+        in_dist = sum(record["per_span"]["in_dist"]) / preset.num_spans
+        ood = sum(record["per_span"]["ood_4w"]) / preset.num_spans
+        _log(f"    eval {run_dir.name}: in-dist {in_dist:.3f}, cliff@4w {ood - in_dist:.3f} "
+             f"({record['eval_s']:.0f} s, load {_load()})")
+    return records
+
+
+def _timings(out: Path) -> dict:
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted((out / "timing").glob("*.json"))
+            if p.name != INVOCATIONS} if (out / "timing").is_dir() else {}
+    invocations = json.loads(p.read_text()) if (p := out / "timing" / INVOCATIONS).is_file() else []
+    return {"train_cpu_s": sum(t["cpu_s"] for t in runs.values()), "train_wall_s": sum(t["wall_s"] for t in runs.values()),
+            "runs_timed": len(runs), "invocations": invocations, "cores": os.cpu_count()}
+
+
+def run_suite(out: Path, preset: Preset, preset_name: str, tables: list[int], seeds: list[int],
+              corpus: str | None = None, jobs: int = 1, report_only: bool = False) -> Path:
+    """Train, evaluate and report, one (seed, table) block at a time; the report is rewritten after each."""
+    from pretrain.experiments.ablations_report import write_report
+
+    started, load_start = time.time(), _load()
+    out.mkdir(parents=True, exist_ok=True)
+    before = set((out / "timing").glob("*.json")) if (out / "timing").is_dir() else set()
+    data_prefix = None if report_only else prepare_data(out, preset, corpus)
+    records: dict[str, dict] = {}
+    report = out / "report.md"
+    for seed in seeds:
+        for number in tables:
+            names = rows_of([number])
+            if report_only:
+                for name in names:
+                    path = out / "eval" / f"{_run_name(name, seed)}.json"
+                    if path.is_file():
+                        records[path.stem] = json.loads(path.read_text())
+            else:
+                runs = train_runs(out, preset, names, seed, data_prefix, jobs)
+                for record in evaluate_runs(out, preset, runs, seed, data_prefix):
+                    records[record["run"]] = record
+                record_invocation(out, {
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+                    "wall_s": time.time() - started, "jobs": jobs, "load_start": load_start, "load_end": _load(),
+                    "runs_trained": len(set((out / "timing").glob("*.json")) - before - {out / "timing" / INVOCATIONS}),
+                    "seeds": seeds, "tables": tables})
+            if records:
+                report = write_report(out, preset_name, preset, tables, list(records.values()), _timings(out),
+                                      planned={"seeds": seeds, "tables": tables})
+                _log(f"report ({len(records)} evaluated runs): {report}")
+    if not records:
+        raise FileNotFoundError(f"no evaluated runs under {out / 'eval'}; run without --report-only first")
+    return report
+
+
+def _tables(text: str) -> list[int]:
+    try:
+        numbers = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        numbers = []
+    if not numbers or any(n not in TABLES for n in numbers):
+        raise argparse.ArgumentTypeError(f"--tables {text!r}: give comma-separated table numbers from "
+                                         f"{sorted(TABLES)}, e.g. --tables 6,7")
+    return sorted(set(numbers))
+
+
+def main(argv: list[str]) -> int:
+    """CLI of `python -m pretrain reproduce --suite ablations`."""
+    parser = argparse.ArgumentParser(prog="python -m pretrain reproduce --suite ablations",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--output", default="ablations_out", help="working and report directory (resumable)")
+    parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
+    parser.add_argument("--tables", type=_tables, default=sorted(TABLES), help="e.g. 5,6,11 (default: all, 5–11)")
+    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (42, 137, 2024, then 1, 2, ...)")
+    parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="runs trained side by side, each with cores/jobs threads (default: cores)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report of the runs already evaluated under --output; train nothing")
+    args = parser.parse_args(argv)
+    for flag in ("seeds", "jobs"):
+        if getattr(args, flag) < 1:
+            print(f"error: --{flag} {getattr(args, flag)} must be >= 1", file=sys.stderr)
+            return 2
+    try:
+        report = run_suite(Path(args.output), PRESETS[args.preset], args.preset, args.tables, SEEDS[: args.seeds],
+                           args.corpus, args.jobs, args.report_only)
+    except (ValueError, FileNotFoundError, OutputError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    _log(f"report: {report}")
+    return 0
+
+
+def reproduce_main(argv: list[str]) -> int:
+    """`python -m pretrain reproduce`: `--suite ablations` here, every other suite in `reproduce.main`."""
+    from pretrain.experiments.reproduce import main as reproduce
+
+    suite = argparse.ArgumentParser(add_help=False)
+    suite.add_argument("--suite", default="lm")
+    chosen, rest = suite.parse_known_args(argv)
+    if chosen.suite == "ablations":
+        return main(rest)
+    return reproduce(argv)
+
