@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     module_name, function, _ = COMMANDS[argv[0]]
     if argv[0] == "reproduce" and {"--slurm", "--slurm-stage"} & set(argv):  # the grid as SLURM jobs
-        module_name = "pretrain.experiments.slurm_grid"
+        module_name, function = "pretrain.experiments.slurm_grid", "main"
     import importlib
 
     from pretrain.console import quiet_known_warnings
