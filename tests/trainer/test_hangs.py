@@ -1,0 +1,191 @@
+"""A hung rank ends the run within the train timeout: its name, host and last step in one line, every live
+rank's stacks and flight recorder on record, status.json "hung", exit code 76, checkpoints intact, and a
+restart resumes; a short stall is reported and survived; a resume with a changed model is refused untouched.
+
+Real torchrun ranks on gloo (DP=2, the tiny preset on synthetic tokens); rank 1 is frozen with SIGSTOP, as a
+rank stuck in a driver call or on a dead mount looks to its peers. Under load a tiny step takes seconds on
+these 2 cores, hence a 20 s train timeout; ~1-2 min of CPU for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY_TRAIN, one_error_line, run_train
+
+TIMEOUT_S = 20
+MARGIN_S = 15  # the watchdog's ticks, the second look at the heartbeats, the stack files, the report
+RUN = [*TINY_TRAIN, "data.synthetic=true", "schedule.global_batch_size=4", "schedule.micro_batch_size=2",
+       "logging.eval_interval=1000", "checkpoint.save_interval=3", "checkpoint.keep_last=5",
+       f"parallel.train_timeout_seconds={TIMEOUT_S}", "parallel.distributed_timeout_minutes=3"]
+
+
+def start(run_dir: Path, iters: int, *extra: str) -> subprocess.Popen:
+    """The DP=2 run under torchrun, stdout and stderr piped."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pretrain",
+               "train", "--set", *RUN, f"schedule.train_iters={iters}", f"checkpoint.save={run_dir}", *extra]
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of one torchrun worker, found by the RANK in its environment."""
+    for child in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split():
+        if f"RANK={rank}".encode() in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
+            return int(child)
+    raise AssertionError(f"no worker with RANK={rank} under torchrun {launcher.pid}")
+
+
+def until_step(proc: subprocess.Popen, step: int, timeout: float = 240) -> list[str]:
+    """Stdout lines up to the 'step N/' line."""
+    lines, deadline = [], time.time() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(f"step {step}/"):
+            return lines
+        if time.time() > deadline:
+            break
+    proc.kill()
+    raise AssertionError(f"never reached step {step}:\n{''.join(lines)[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory):
+    """Rank 1 SIGSTOPped after step 4 of 100: (run dir, seconds from the stop to the end, stdout, stderr, code)."""
+    run_dir = tmp_path_factory.mktemp("hung") / "run"
+    proc = start(run_dir, 100)
+    try:
+        out = until_step(proc, 4)
+        victim = rank_pid(proc, 1)
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.time()
+        rest, err = proc.communicate(timeout=TIMEOUT_S + MARGIN_S + 60)
+        ended = time.time() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return run_dir, ended, "".join(out) + rest, err, proc.returncode
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_run_within_the_train_timeout_plus_a_margin(hung):
+    _, ended, _, err, _ = hung
+    assert ended <= TIMEOUT_S + MARGIN_S, err[-3000:]
+
+
+@pytest.mark.slow
+def test_the_hang_report_is_one_line_naming_the_silent_rank_its_host_and_last_step(hung):
+    run_dir, _, _, err, _ = hung
+    lines = [line for line in err.splitlines() if line.startswith("error: hang:")]
+    assert len(lines) == 1, err[-3000:]
+    assert f"rank 1 on {socket.gethostname()} (last completed step " in lines[0]
+    assert "stopped reporting" in lines[0] and f"parallel.train_timeout_seconds" in lines[0]
+    last = int(lines[0].split("(last completed step ")[1].split(")")[0])
+    assert last >= 4
+    assert str(run_dir / "hang") in lines[0]
+
+
+@pytest.mark.slow
+def test_the_live_rank_writes_its_stacks_and_flight_recorder_beside_the_report(hung):
+    run_dir, _, _, _, _ = hung
+    stacks = (run_dir / "hang" / "rank_0.txt").read_text()
+    assert stacks.startswith(f"rank 0 of 2 on {socket.gethostname()}")
+    assert 'Thread 0x' in stacks and "hang-watchdog" not in stacks.splitlines()[0]
+    assert "pretrain/trainer/loop.py" in stacks  # the main thread, inside the training loop
+    assert not (run_dir / "hang" / "rank_1.txt").exists()  # the stopped rank cannot write
+    import pickle
+
+    recorder = pickle.loads((run_dir / "hang" / "flight_recorder_rank_0.pkl").read_bytes())
+    assert recorder["entries"] and recorder["entries"][-1]["profiling_name"].startswith("gloo:")
+
+
+@pytest.mark.slow
+def test_status_json_says_hung_with_the_line_and_runs_shows_it(hung):
+    from pretrain.experiments.runs import inspect_run
+
+    run_dir, _, _, err, _ = hung
+    status = json.loads((run_dir / "status.json").read_text())
+    line = next(line for line in err.splitlines() if line.startswith("error: hang:"))
+    assert status["state"] == "hung" and status["error"] == line[len("error: "):]
+    assert status["hung_ranks"] == [1] and status["hung_hosts"] == [socket.gethostname()]
+    run = inspect_run(run_dir)
+    assert run.state == "hung" and "rank 1 on" in run.detail
+
+
+@pytest.mark.slow
+def test_a_hang_exits_with_its_own_code_and_leaves_the_checkpoints_intact(hung):
+    from pretrain.trainer.run_dir import checkpoints, verify
+    from pretrain.trainer.watchdog import HANG_EXIT_CODE
+
+    run_dir, _, _, err, _ = hung
+    assert f"exitcode  : {HANG_EXIT_CODE}" in err, err[-3000:]  # torchrun's summary of the worker that reported
+    assert "Traceback" not in err.split("torch.distributed.elastic")[0]
+    saved = checkpoints(run_dir)
+    assert saved and all(verify(path) is None for _, path in saved)
+
+
+@pytest.mark.slow
+def test_a_restart_after_a_hang_resumes_from_the_newest_checkpoint(hung, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(hung[0], run_dir)
+    newest = max(int(p.name[5:]) for p in run_dir.glob("iter_*") if p.name[5:].isdigit())
+    proc = run_train([*RUN, f"schedule.train_iters={newest + 1}", f"checkpoint.save={run_dir}"], nproc=2)
+    assert f"resumed from iteration {newest} (" in proc.stdout
+    assert "the previous start's hang report and stacks are kept in" in proc.stdout
+    assert (run_dir / "hang.1" / "report.txt").is_file() and not (run_dir / "hang").exists()
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_stall_shorter_than_the_timeout_is_reported_and_the_run_goes_on(tmp_path):
+    proc = start(tmp_path / "run", 14, "logging.straggler_interval=2")
+    try:
+        until_step(proc, 4)
+        victim = rank_pid(proc, 1)
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(5)
+        os.kill(victim, signal.SIGCONT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    stalls = [line for line in out.splitlines() if line.startswith("stall: rank 1 on")]
+    assert stalls, out[-3000:]
+    seconds = float(stalls[0].split("could not run for ")[1].split(" s")[0])
+    assert 4 <= seconds <= 15 and "the run went on" in stalls[0]
+    assert "step 14/14" in out and not (tmp_path / "run" / "hang").exists()
+
+
+def test_resuming_with_a_changed_model_is_refused_naming_each_field_and_config_yaml_is_untouched(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train([*RUN, "schedule.train_iters=3", f"checkpoint.save={run_dir}"])
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    proc = run_train([*RUN, "schedule.train_iters=6", f"checkpoint.save={run_dir}", "model.num_layers=1",
+                      "model.hidden_dropout=0.1"], check=False)
+    line = one_error_line(proc)
+    assert "model.num_layers: 4 in the checkpoint, 1 now" in line
+    assert "model.hidden_dropout: 0.0 in the checkpoint, 0.1 now" in line
+    assert "--set model.num_layers=4 model.hidden_dropout=0.0" in line and "checkpoint.save=<new run dir>" in line
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.slow
+def test_resuming_with_a_changed_schedule_and_recompute_still_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train([*RUN, "schedule.train_iters=3", f"checkpoint.save={run_dir}"])
+    proc = run_train([*RUN, "schedule.train_iters=4", f"checkpoint.save={run_dir}", "logging.log_interval=2",
+                      "model.recompute_granularity=full", "model.recompute_method=uniform",
+                      "model.recompute_num_layers=1"])
+    assert "resumed from iteration 3 (" in proc.stdout
