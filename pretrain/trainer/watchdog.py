@@ -91,6 +91,7 @@ class Watchdog:
         self.stalls: list[tuple[float, int]] = []  # (seconds, step during which it happened)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a completed step is published at once, not at the next tick
         self.fired = False  # the deadline passed: the thread is writing the report and will end the process
         self._main = threading.main_thread().ident
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
@@ -120,6 +121,7 @@ class Watchdog:
             self.phase_name, self.setting = f"step {step + 1}", "parallel.train_timeout_seconds"
             self.timeout_s = self.train_timeout_s
             self.deadline = time.monotonic() + self.train_timeout_s
+        self._wake.set()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -149,12 +151,11 @@ class Watchdog:
         with self._lock:
             self._stop.set()
             fired = self.fired
+        self._wake.set()
         if fired:
             self._thread.join()  # the thread calls os._exit; a failing collective must not print over the report
         if failed and (self.hang_dir / REPORT).exists():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(HANG_EXIT_CODE)
+            exit_now()
         if self._thread.is_alive():
             self._thread.join(timeout=5 * STORE_TIMEOUT_S)
 
@@ -179,9 +180,11 @@ class Watchdog:
     def _run(self) -> None:
         while True:
             before = time.monotonic()
-            if self._stop.wait(self.tick):
+            self._wake.wait(self.tick)
+            self._wake.clear()
+            if self._stop.is_set():
                 return
-            overrun = time.monotonic() - before - self.tick
+            overrun = time.monotonic() - before - self.tick  # a stopped process overruns its sleep
             with self._lock:
                 if overrun >= STALL_MIN_S:
                     self.stalls.append((overrun, self.step + 1))
@@ -231,9 +234,7 @@ class Watchdog:
             print(f"warning: rank {self.rank}: the hang report failed: {type(error).__name__}: {error}",
                   file=sys.stderr, flush=True)
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(HANG_EXIT_CODE)
+            exit_now()
 
     def _write_stacks(self, step: int, phase: str) -> None:
         path = self.hang_dir / f"rank_{self.rank}.txt"
@@ -315,10 +316,35 @@ class Watchdog:
         print(f"error: {line}", file=sys.stderr, flush=True)
         for rank in stopped:  # a stopped process ignores SIGTERM until continued; the job must end now
             if self.hosts[rank] == self.host and rank != self.rank:
-                try:
-                    os.kill(self.pids[rank], signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                _kill_tree(self.pids[rank])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and its children (Megatron's checkpoint-writer process would outlive it, holding the
+    launcher's output pipes open)."""
+    for victim in [*_children(pid), pid]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def exit_now() -> None:
+    """End this process with HANG_EXIT_CODE, its child processes first (os._exit runs no atexit handler that
+    would stop them)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for child in _children(os.getpid()):
+        _kill_tree(child)
+    os._exit(HANG_EXIT_CODE)
 
 
 def set_aside_previous(run_dir: Path) -> str | None:

@@ -128,7 +128,7 @@ def test_a_hang_exits_with_its_own_code_and_leaves_the_checkpoints_intact(hung):
 
     run_dir, _, _, err, _ = hung
     assert f"exitcode  : {HANG_EXIT_CODE}" in err, err[-3000:]  # torchrun's summary of the worker that reported
-    assert "Traceback" not in err.split("torch.distributed.elastic")[0]
+    assert err.count("Traceback") == 1  # torchrun's own ChildFailedError; none from the ranks
     saved = checkpoints(run_dir)
     assert saved and all(verify(path) is None for _, path in saved)
 
