@@ -168,6 +168,7 @@ def test_a_stall_shorter_than_the_timeout_is_reported_and_the_run_goes_on(tmp_pa
     assert "step 14/14" in out and not (tmp_path / "run" / "hang").exists()
 
 
+@pytest.mark.slow  # a 3-step run first
 def test_resuming_with_a_changed_model_is_refused_naming_each_field_and_config_yaml_is_untouched(tmp_path):
     run_dir = tmp_path / "run"
     run_train([*RUN, "schedule.train_iters=3", f"checkpoint.save={run_dir}"])
@@ -189,3 +190,50 @@ def test_resuming_with_a_changed_schedule_and_recompute_still_resumes(tmp_path):
                       "model.recompute_granularity=full", "model.recompute_method=uniform",
                       "model.recompute_num_layers=1"])
     assert "resumed from iteration 3 (" in proc.stdout
+
+
+def test_the_timeouts_reach_every_process_group_megatrons_included(megatron_world):
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from pretrain.trainer import distributed
+
+    def timeouts() -> set[float]:
+        groups = [dist.distributed_c10d._get_default_group(), parallel_state.get_data_parallel_group(),
+                  parallel_state.get_tensor_model_parallel_group()]
+        return {g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in groups}
+
+    assert timeouts() == {600.0}  # parallel.distributed_timeout_minutes' default, 10
+    try:
+        distributed.set_timeout(42)
+        assert timeouts() == {42.0}
+    finally:
+        distributed.set_timeout(600)
+
+
+@pytest.mark.parametrize("setting", ["parallel.train_timeout_seconds=0", "parallel.distributed_timeout_minutes=0"])
+def test_a_timeout_that_is_not_positive_is_refused_naming_it(setting):
+    from pretrain.trainer import config
+
+    with pytest.raises(ValueError, match=setting.split("=")[0]):
+        config.load(None, [setting])
+
+
+def test_the_launchers_know_the_hang_exit_code():
+    from pretrain.trainer.watchdog import HANG_EXIT_CODE
+
+    assert f"\nHANG_EXIT_CODE={HANG_EXIT_CODE}  # pretrain/trainer/watchdog.py" in (REPO / "slurm" / "common.sh").read_text()
+
+
+def test_the_straggler_report_names_the_slowest_rank_its_ratio_to_the_median_and_each_stall():
+    from pretrain.trainer.stragglers import Gathered
+
+    window = Gathered([1.0, 1.1, 3.0, 0.9], [10] * 4, [[], [(5.2, 17)], [], []], ["a", "b", "c", "d"])
+    lines = window.lines(11, 20, threshold=1.5, train_timeout_s=60)
+    assert lines[0].startswith("straggler: rank 2 on c spent 3.00 s outside collectives in steps 11-20, 2.86x the "
+                               "median rank (1.05 s")
+    assert lines[1].startswith("stall: rank 1 on b could not run for 5.2 s during step 17")
+    assert window.scalars() == {"perf/straggler_ratio": pytest.approx(3.0 / 1.05), "perf/slowest_rank": 2.0,
+                                "perf/longest_stall_s": 5.2}
+    assert Gathered([1.0, 1.2], [10, 10], [[], []], ["a", "b"]).lines(1, 10, 1.5, 60) == []  # below the threshold
