@@ -52,6 +52,7 @@ def test_a_partition_between_the_nodes_ends_the_job_in_the_timeout_names_the_nod
     finally:
         partition(False)
     log = two_node_wait_for_line(job_id, tmp_path, "[posaug-slurm] hang 1 of at most", 30)
+    print(f"the cut to the end of the job step: {ended:.1f} s")  # shown with -s; slurm/README.md quotes it
     assert ended <= TIMEOUT_S + MARGIN_S, log[-4000:]
     report = re.search(r"\[posaug-slurm\] the trainer reported a hang: (hang: .*)", log)
     assert report, log[-4000:]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY_TRAIN, one_error_line, run_train
+from conftest import REPO, TINY_TRAIN, one_error_line, run_train, tensorboard_scalars
 
 TIMEOUT_S = 20
 MARGIN_S = 15  # the watchdog's ticks, the second look at the heartbeats, the stack files, the report
@@ -166,6 +166,9 @@ def test_a_stall_shorter_than_the_timeout_is_reported_and_the_run_goes_on(tmp_pa
     seconds = float(stalls[0].split("could not run for ")[1].split(" s")[0])
     assert 4 <= seconds <= 15 and "the run went on" in stalls[0]
     assert "step 14/14" in out and not (tmp_path / "run" / "hang").exists()
+    longest = tensorboard_scalars(tmp_path / "run", "perf/longest_stall_s")
+    assert sorted(longest) == [2, 4, 6, 8, 10, 12, 14] and 4 <= max(longest.values()) <= 15
+    assert set(tensorboard_scalars(tmp_path / "run", "perf/straggler_ratio")) == set(longest)
 
 
 @pytest.mark.slow  # a 3-step run first
