@@ -240,3 +240,48 @@ def test_the_straggler_report_names_the_slowest_rank_its_ratio_to_the_median_and
     assert window.scalars() == {"perf/straggler_ratio": pytest.approx(3.0 / 1.05), "perf/slowest_rank": 2.0,
                                 "perf/longest_stall_s": 5.2}
     assert Gathered([1.0, 1.2], [10, 10], [[], []], ["a", "b"]).lines(1, 10, 1.5, 60) == []  # below the threshold
+
+
+def _watchdog_of(rank: int, world: int):
+    """A Watchdog's reporting state without its thread or process group (for `_describe` alone)."""
+    from pretrain.trainer.watchdog import Watchdog
+
+    watchdog = Watchdog.__new__(Watchdog)
+    watchdog.rank, watchdog.world, watchdog.host = rank, world, f"node{rank}"
+    watchdog.hosts = [f"node{r}" for r in range(world)]
+    watchdog.hang_dir, watchdog.store_problem = Path("run/hang"), "the store does not answer"
+    return watchdog
+
+
+def _beat(beat: int, step: int, in_collective: bool = True) -> dict:
+    return {"beat": beat, "step": step, "in_collective": in_collective}
+
+
+def test_a_rank_whose_heartbeat_stopped_is_named_with_its_host_and_last_step():
+    first = {0: _beat(5, 9), 1: _beat(7, 8), 2: _beat(3, 9)}
+    second = {0: _beat(8, 9), 1: _beat(7, 8), 2: _beat(6, 9)}
+    line, named, stopped = _watchdog_of(0, 3)._describe(9, "step 10", "parallel.train_timeout_seconds", 20, first,
+                                                        second)
+    assert named == stopped == [1]
+    assert line == ("hang: no progress for 20 s (parallel.train_timeout_seconds) in step 10 after step 9: rank 1 on "
+                    "node1 (last completed step 8) stopped reporting; stacks of the live ranks in run/hang")
+
+
+def test_with_every_heartbeat_alive_the_rank_outside_any_collective_is_the_one_stuck():
+    first = {0: _beat(1, 9), 1: _beat(1, 9, in_collective=False)}
+    second = {0: _beat(4, 9), 1: _beat(4, 9, in_collective=False)}
+    line, named, stopped = _watchdog_of(0, 2)._describe(9, "step 10", "s", 20, first, second)
+    assert named == [1] and stopped == []
+    assert "rank 1 on node1 (last completed step 9) is stuck outside any collective while the others wait" in line
+
+
+def test_with_every_rank_alive_in_a_collective_the_report_says_so():
+    beats = {0: _beat(1, 9), 1: _beat(1, 9)}
+    line, named, _ = _watchdog_of(1, 2)._describe(9, "step 10", "s", 20, beats, {r: _beat(2, 9) for r in beats})
+    assert named == [] and "every rank still reports and waits in a collective" in line
+
+
+def test_a_rank_cut_off_from_the_store_names_the_store_host_rank_0():
+    line, named, _ = _watchdog_of(1, 2)._describe(9, "step 10", "s", 20, None, None)
+    assert named == [0]
+    assert "rank 1 on node1 cannot reach the other ranks: the store does not answer (rank 0 on node0 hosts it" in line
