@@ -172,8 +172,9 @@ class ParallelConfig:
     # saves and validation may take this long (Megatron-LM's --distributed-timeout-minutes, NCCL's default 10)...
     distributed_timeout_minutes: int = 10
     # ...every later training step this long: then the watchdog writes every rank's stacks, names the silent
-    # rank and ends the job. 2 minutes: far above a step of the shipped configs on their GPUs (seconds), so a
-    # hung 32-GPU job burns about 1 GPU-hour instead of NCCL's 10-minute default's 5.
+    # rank and ends the job. 2 minutes: far above a step of the shipped configs on their GPUs (`pretrain plan`:
+    # 0.15 s for 1B on 8 H100s) and of the CPU presets on a loaded machine (seconds), so a hung 32-GPU job burns
+    # about 1 GPU-hour instead of the 5 of NCCL's 10-minute default.
     train_timeout_seconds: float = 120.0
 
     def __post_init__(self) -> None:
