@@ -163,8 +163,9 @@ def test_a_stall_shorter_than_the_timeout_is_reported_and_the_run_goes_on(tmp_pa
     assert proc.returncode == 0, err[-3000:]
     stalls = [line for line in out.splitlines() if line.startswith("stall: rank 1 on")]
     assert stalls, out[-3000:]
-    seconds = float(stalls[0].split("could not run for ")[1].split(" s")[0])
-    assert 4 <= seconds <= 15 and "the run went on" in stalls[0]
+    # the longest: a loaded machine may starve a rank for a couple of seconds too, and that is reported as well
+    seconds = max(float(line.split("could not run for ")[1].split(" s")[0]) for line in stalls)
+    assert 4 <= seconds <= 15 and all("the run went on" in line for line in stalls)
     assert "step 14/14" in out and not (tmp_path / "run" / "hang").exists()
     longest = tensorboard_scalars(tmp_path / "run", "perf/longest_stall_s")
     assert sorted(longest) == [2, 4, 6, 8, 10, 12, 14] and 4 <= max(longest.values()) <= 15
