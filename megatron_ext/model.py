@@ -189,8 +189,8 @@ class ParallelConfig:
             raise ValueError("parallel.overlap_param_gather=true needs parallel.overlap_grad_reduce=true "
                              "(Megatron overlaps the param all-gather only together with the grad reduction)")
         if self.distributed_timeout_minutes < 1 or self.train_timeout_seconds <= 0:
-            raise ValueError(f"parallel.distributed_timeout_minutes must be >= 1 and parallel.train_timeout_seconds > 0 "
-                             f"(got {self.distributed_timeout_minutes} and {self.train_timeout_seconds})")
+            raise ValueError(f"parallel.distributed_timeout_minutes must be >= 1 and parallel.train_timeout_seconds "
+                             f"> 0 (got {self.distributed_timeout_minutes} and {self.train_timeout_seconds})")
         vp = self.virtual_pipeline_model_parallel_size
         if vp is not None:
             if vp < 1:

@@ -227,7 +227,8 @@ def test_a_timeout_that_is_not_positive_is_refused_naming_it(setting):
 def test_the_launchers_know_the_hang_exit_code():
     from pretrain.trainer.watchdog import HANG_EXIT_CODE
 
-    assert f"\nHANG_EXIT_CODE={HANG_EXIT_CODE}  # pretrain/trainer/watchdog.py" in (REPO / "slurm" / "common.sh").read_text()
+    common = (REPO / "slurm" / "common.sh").read_text()
+    assert f"\nHANG_EXIT_CODE={HANG_EXIT_CODE}  # pretrain/trainer/watchdog.py" in common
 
 
 def test_the_straggler_report_names_the_slowest_rank_its_ratio_to_the_median_and_each_stall():
