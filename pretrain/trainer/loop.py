@@ -199,7 +199,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                 metrics.heartbeat(done)
                 window_start, window_steps = time.time(), 0
             if straggler_interval and done % straggler_interval == 0:
-                gathered = step_times.gather(watchdog.take_stalls(), watchdog.hosts)
+                gathered = step_times.gather(watchdog.take_stalls())
                 for line in gathered.lines(done - straggler_interval + 1, done, config.logging.straggler_threshold,
                                            train_timeout_s):
                     metrics.console(line)

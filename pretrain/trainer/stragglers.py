@@ -13,6 +13,7 @@ perf/slowest_rank and perf/longest_stall_s at every gather.
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
 from typing import Callable
@@ -49,13 +50,13 @@ class StepTimes:
         self.own_s += max(0.0, time.perf_counter() - self._started - self._sync_s)
         self.steps += 1
 
-    def gather(self, stalls: list[tuple[float, int]], hosts: list[str]) -> "Gathered":
-        """Collective: every rank's own time and stalls since the last gather; resets the window."""
-        mine = (self.own_s, self.steps, stalls)
+    def gather(self, stalls: list[tuple[float, int]]) -> "Gathered":
+        """Collective: every rank's own time, stalls and host since the last gather; resets the window."""
+        mine = (self.own_s, self.steps, stalls, socket.gethostname())
         parts: list = [None] * dist.get_world_size()
         dist.all_gather_object(parts, mine)
         self.own_s, self.steps = 0.0, 0
-        return Gathered([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], hosts)
+        return Gathered(*([p[i] for p in parts] for i in range(4)))
 
 
 class Gathered:

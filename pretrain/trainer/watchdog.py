@@ -5,9 +5,12 @@ Every rank runs one `Watchdog` thread. The training loop tells it where it is (`
 validation get `parallel.distributed_timeout_minutes`, every later step `parallel.train_timeout_seconds`.
 
 A stuck collective blocks the main thread, so the ranks talk over a side channel: each thread publishes a
-heartbeat (a counter, the last completed step, whether the main thread waits in a collective) every tick to
-the torch.distributed rendezvous store (the TCPStore at MASTER_ADDR:MASTER_PORT, hosted by torchrun's agent
-or by rank 0 under srun), through a client of its own with a short timeout. When a rank's deadline passes:
+heartbeat (a counter, the last completed step, whether the main thread waits in a collective, its host and pid)
+every tick to the torch.distributed rendezvous store (the TCPStore at MASTER_ADDR:MASTER_PORT, hosted by
+torchrun's agent or by rank 0 under srun), through a client of its own with a short timeout. Starting the
+watchdog needs no collective, so a peer stuck anywhere after it started is caught. A hang before that
+(process-group creation, the resume plan's broadcast) ends by the process groups' own timeout,
+`parallel.distributed_timeout_minutes`, without this report. When a rank's deadline passes:
 
 1. it writes the Python stacks of all its threads to `<run>/hang/rank_<N>.txt` (faulthandler) and torch's
    flight recorder (the last collectives of every group, NCCL or gloo) to `flight_recorder_rank_<N>.pkl`;
@@ -77,11 +80,12 @@ class Watchdog:
         self.tick = _tick(train_timeout_s)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.host = socket.gethostname()
-        # who is where, and a token that keeps this start's keys apart from a restarted job's on the same store
-        peers: list = [None] * self.world
-        dist.all_gather_object(peers, (self.host, os.getpid(), os.urandom(6).hex()))
-        self.hosts, self.pids = [p[0] for p in peers], [p[1] for p in peers]
-        self.prefix = f"posaug_watchdog/{peers[0][2]}/"
+        # no collective here: a peer stuck before it would leave this rank unwatched. Who is where comes with
+        # the heartbeats; this start's keys are kept apart from a restarted job's on the same store by its id.
+        self.hosts, self.pids = {self.rank: self.host}, {self.rank: os.getpid()}
+        attempt = (os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID", ""),
+                   os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT", "0"))
+        self.prefix = f"posaug_watchdog/{attempt[0]}.{attempt[1]}/"
         self.store, self.store_problem = self._connect()
         self.step = 0
         self.phase_name, self.setting = "start-up", "parallel.distributed_timeout_minutes"
@@ -169,7 +173,8 @@ class Watchdog:
         if self.store is None:
             return
         self.beat += 1
-        record = {"beat": self.beat, "step": self.step, "in_collective": self._in_collective()}
+        record = {"beat": self.beat, "step": self.step, "in_collective": self._in_collective(), "host": self.host,
+                  "pid": os.getpid()}
         try:
             self.store.set(f"{self.prefix}{self.rank}", json.dumps(record))
             self.store_problem = None
@@ -206,6 +211,8 @@ class Watchdog:
                     found[rank] = json.loads(self.store.get(key))
         except (RuntimeError, OSError, ValueError):
             return None
+        for rank, record in found.items():
+            self.hosts[rank], self.pids[rank] = record["host"], record["pid"]
         return found
 
     def _hang(self) -> None:
@@ -260,7 +267,7 @@ class Watchdog:
     def _who(self, ranks: list[int], seen: dict[int, dict]) -> str:
         def one(rank: int) -> str:
             step = seen.get(rank, {}).get("step")
-            return (f"rank {rank} on {self.hosts[rank]} (last completed step "
+            return (f"rank {rank} on {self.hosts.get(rank, 'an unknown host')} (last completed step "
                     f"{'none: it never reported' if step is None else step})")
         return ", ".join(one(r) for r in ranks)
 
@@ -271,7 +278,8 @@ class Watchdog:
         if second is None:
             agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             suspect = [0] if self.rank != 0 and not agent_store else []
-            where = "a lost link to it" if agent_store else f"rank 0 on {self.hosts[0]} hosts it: it stopped, or " \
+            store_host = self.hosts.get(0) or os.environ.get("MASTER_ADDR", "?")
+            where = "a lost link to it" if agent_store else f"rank 0 on {store_host} hosts it: it stopped, or " \
                                                             "this rank's link to it is lost"
             return (head + f"rank {self.rank} on {self.host} cannot reach the other ranks: {self.store_problem} "
                     f"({where}); stacks in {self.hang_dir}"), suspect, suspect
@@ -307,7 +315,7 @@ class Watchdog:
         deadline = time.monotonic() + 2 * STORE_TIMEOUT_S
         while time.monotonic() < deadline and not all((self.hang_dir / f"rank_{r}.txt").exists() for r in live):
             time.sleep(self.tick)  # the other live ranks' stacks, before anything can end them
-        hosts = sorted({self.hosts[r] for r in named})
+        hosts = sorted({self.hosts.get(r, "unknown") for r in named})
         write_status(self.run_dir, "hung", self.step, self.total_iters, error=line, hung_ranks=named,
                      hung_hosts=hosts, checkpoint_iteration=latest_iteration(self.run_dir) or 0)
         tmp = self.hang_dir / f"{REPORT}.tmp"
@@ -315,7 +323,7 @@ class Watchdog:
         os.replace(tmp, self.hang_dir / REPORT)
         print(f"error: {line}", file=sys.stderr, flush=True)
         for rank in stopped:  # a stopped process ignores SIGTERM until continued; the job must end now
-            if self.hosts[rank] == self.host and rank != self.rank:
+            if self.hosts.get(rank) == self.host and rank != self.rank:
                 _kill_tree(self.pids[rank])
 
 

@@ -250,7 +250,7 @@ def _watchdog_of(rank: int, world: int):
 
     watchdog = Watchdog.__new__(Watchdog)
     watchdog.rank, watchdog.world, watchdog.host = rank, world, f"node{rank}"
-    watchdog.hosts = [f"node{r}" for r in range(world)]
+    watchdog.hosts = {r: f"node{r}" for r in range(world)}
     watchdog.hang_dir, watchdog.store_problem = Path("run/hang"), "the store does not answer"
     return watchdog
 
