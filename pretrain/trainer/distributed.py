@@ -2,8 +2,9 @@
 
 Timeouts: every group is created with `parallel.distributed_timeout_minutes` (start-up, checkpoint load and the
 first step, when ranks legitimately wait on each other for long); `set_timeout` changes them all at once, which
-the training loop does after the first step (the train timeout, plus a grace that lets the hang watchdog report
-first) and around checkpoint saves and validation (back to the long one).
+the training loop does after the first step (the train timeout) and around checkpoint saves and validation (back
+to the long one). The groups always get PG_GRACE_S more than the hang watchdog, so the watchdog, which reports,
+acts first; the groups' own timeout is the fallback where it cannot run.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+PG_GRACE_S = 30.0
 FLIGHT_RECORDER_ENTRIES = "2000"  # torch's flight recorder: the last collectives of every group, per rank
 
 
 def initialize(parallel: ParallelConfig, seed: int) -> None:
     """Create the world group (NCCL on GPU, gloo on CPU) and Megatron's model-parallel groups, all with
     `parallel.distributed_timeout_minutes`."""
-    timeout_s = 60.0 * parallel.distributed_timeout_minutes
+    timeout_s = 60.0 * parallel.distributed_timeout_minutes + PG_GRACE_S
     if not torch.cuda.is_available():
         cpu_compat.apply()
     if not dist.is_initialized():
@@ -64,19 +66,19 @@ def initialize(parallel: ParallelConfig, seed: int) -> None:
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
         context_parallel_size=parallel.context_parallel_size,
-        distributed_timeout_minutes=parallel.distributed_timeout_minutes,
+        distributed_timeout_minutes=timeout_s / 60.0,
     )
     seed_all(seed)
     model_parallel_cuda_manual_seed(seed)
 
 
 def set_timeout(seconds: float) -> None:
-    """Give every process group of this rank (world and Megatron's) a new collective timeout."""
+    """Give every process group of this rank (world and Megatron's) the collective timeout `seconds` + PG_GRACE_S."""
     from torch.distributed import distributed_c10d as c10d
 
     for group in list(c10d._world.pg_map):
         try:
-            c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+            c10d._set_pg_timeout(timedelta(seconds=seconds + PG_GRACE_S), group)
         except (ValueError, AssertionError, RuntimeError):  # a group this rank is not in, or without a backend yet
             pass
 

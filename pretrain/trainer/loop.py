@@ -25,10 +25,6 @@ from pretrain.trainer.metrics import Metrics, config_summary
 from pretrain.trainer.stragglers import StepTimes
 from pretrain.trainer.watchdog import Watchdog, set_aside_previous
 
-# The process groups' timeout after the first step: the train timeout plus this, so the hang watchdog (which
-# reports) acts first and the groups' own timeout is only the fallback where the watchdog cannot run.
-PG_GRACE_S = 30.0
-
 log = logging.getLogger("pretrain")
 
 
@@ -115,7 +111,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
         distributed.set_timeout(60.0 * config.parallel.distributed_timeout_minutes)
         with watchdog.phase(name):
             yield
-        distributed.set_timeout(train_timeout_s + PG_GRACE_S)
+        distributed.set_timeout(train_timeout_s)
 
     sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=config.model.seq_length,
                             num_layers=config.model.num_layers, rotary_dim=config.model.rotary_dim,
@@ -174,7 +170,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
             window_steps += 1
             done = step + 1
             if step == start:  # start-up is over: from now on a step must complete within the train timeout
-                distributed.set_timeout(train_timeout_s + PG_GRACE_S)
+                distributed.set_timeout(train_timeout_s)
             watchdog.progress(done)
             metrics.step(done, f"loss {result.loss:.4f}")
             skipped_in_row = 0 if result.update_successful else skipped_in_row + 1

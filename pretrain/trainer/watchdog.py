@@ -114,7 +114,8 @@ class Watchdog:
 
     # ---- main thread ----------------------------------------------------------------------------------
     def start(self) -> "Watchdog":
-        """Start the thread (the start-up deadline runs from construction)."""
+        """Publish the first heartbeat and start the thread (the start-up deadline runs from construction)."""
+        self._publish()
         self._thread.start()
         return self
 
@@ -264,11 +265,18 @@ class Watchdog:
             return
         (self.hang_dir / f"flight_recorder_rank_{self.rank}.pkl").write_bytes(dump)
 
+    def _host_of(self, rank: int) -> str:
+        """From its heartbeat, else from the launch layout: torchrun and srun give each node consecutive ranks."""
+        if rank in self.hosts:
+            return self.hosts[rank]
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+        return self.host if per_node and rank // per_node == self.rank // per_node else "an unknown host"
+
     def _who(self, ranks: list[int], seen: dict[int, dict]) -> str:
         def one(rank: int) -> str:
             step = seen.get(rank, {}).get("step")
-            return (f"rank {rank} on {self.hosts.get(rank, 'an unknown host')} (last completed step "
-                    f"{'none: it never reported' if step is None else step})")
+            return (f"rank {rank} on {self._host_of(rank)} (" + ("no heartbeat at all: stuck in start-up before its "
+                    "watchdog started" if step is None else f"last completed step {step}") + ")")
         return ", ".join(one(r) for r in ranks)
 
     def _describe(self, step: int, phase: str, setting: str, timeout_s: float, first: dict | None,
@@ -278,7 +286,7 @@ class Watchdog:
         if second is None:
             agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             suspect = [0] if self.rank != 0 and not agent_store else []
-            store_host = self.hosts.get(0) or os.environ.get("MASTER_ADDR", "?")
+            store_host = self.hosts.get(0) or os.environ.get("MASTER_ADDR", "?")  # srun: rank 0's host
             where = "a lost link to it" if agent_store else f"rank 0 on {store_host} hosts it: it stopped, or " \
                                                             "this rank's link to it is lost"
             return (head + f"rank {self.rank} on {self.host} cannot reach the other ranks: {self.store_problem} "
@@ -315,7 +323,7 @@ class Watchdog:
         deadline = time.monotonic() + 2 * STORE_TIMEOUT_S
         while time.monotonic() < deadline and not all((self.hang_dir / f"rank_{r}.txt").exists() for r in live):
             time.sleep(self.tick)  # the other live ranks' stacks, before anything can end them
-        hosts = sorted({self.hosts.get(r, "unknown") for r in named})
+        hosts = sorted({self._host_of(r) for r in named} - {"an unknown host"})
         write_status(self.run_dir, "hung", self.step, self.total_iters, error=line, hung_ranks=named,
                      hung_hosts=hosts, checkpoint_iteration=latest_iteration(self.run_dir) or 0)
         tmp = self.hang_dir / f"{REPORT}.tmp"

@@ -147,6 +147,28 @@ def test_a_restart_after_a_hang_resumes_from_the_newest_checkpoint(hung, tmp_pat
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
 
 
+@pytest.mark.slow  # a minute: the smallest start-up timeout
+def test_a_rank_stuck_in_start_up_is_reported_after_the_distributed_timeout(tmp_path):
+    proc = start(tmp_path / "run", 100, "parallel.distributed_timeout_minutes=1")
+    try:
+        for line in proc.stdout:  # rank 0 prints it just before its watchdog starts; rank 1 is still starting
+            if line.startswith("config:"):
+                break
+        os.kill(rank_pid(proc, 1), signal.SIGSTOP)
+        stopped = time.time()
+        out, err = proc.communicate(timeout=60 + MARGIN_S + 60)
+        ended = time.time() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # + torchrun's 30 s from SIGTERM to SIGKILL when rank 1 was stopped before its first heartbeat (no pid to end)
+    assert ended <= 60 + MARGIN_S + 30, err[-3000:]
+    line = next(line for line in err.splitlines() if line.startswith("error: hang:"))
+    assert ("no progress for 60 s (parallel.distributed_timeout_minutes) in start-up after step 0: rank 1 on "
+            f"{socket.gethostname()} (") in line
+    assert "stopped reporting" in line and "step 1/" not in out
+
+
 @pytest.mark.slow
 def test_a_stall_shorter_than_the_timeout_is_reported_and_the_run_goes_on(tmp_path):
     proc = start(tmp_path / "run", 14, "logging.straggler_interval=2")
@@ -208,10 +230,11 @@ def test_the_timeouts_reach_every_process_group_megatrons_included(megatron_worl
                   parallel_state.get_tensor_model_parallel_group()]
         return {g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in groups}
 
-    assert timeouts() == {600.0}  # parallel.distributed_timeout_minutes' default, 10
+    # parallel.distributed_timeout_minutes' default, 10, and the grace that lets the watchdog report first
+    assert timeouts() == {600.0 + distributed.PG_GRACE_S}
     try:
         distributed.set_timeout(42)
-        assert timeouts() == {42.0}
+        assert timeouts() == {42.0 + distributed.PG_GRACE_S}
     finally:
         distributed.set_timeout(600)
 
