@@ -224,6 +224,14 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     # Interleaved 1F1B: model chunks per pipeline rank (None = one chunk, plain 1F1B).
     virtual_pipeline_model_parallel_size: int | None = None
+    # Hang timeouts (pretrain/trainer/watchdog.py). Start-up, checkpoint load, the first step, checkpoint
+    # saves and validation may take this long (Megatron-LM's --distributed-timeout-minutes, NCCL's default 10)...
+    distributed_timeout_minutes: int = 10
+    # ...every later training step this long: then the watchdog writes every rank's stacks, names the silent
+    # rank and ends the job. 2 minutes: far above a step of the shipped configs on their GPUs (`pretrain plan`:
+    # 0.15 s for 1B on 8 H100s) and of the CPU presets on a loaded machine (seconds), so a hung 32-GPU job burns
+    # about 1 GPU-hour instead of the 5 of NCCL's 10-minute default.
+    train_timeout_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
@@ -236,6 +244,9 @@ class ParallelConfig:
         if self.overlap_param_gather and not self.overlap_grad_reduce:
             raise ValueError("parallel.overlap_param_gather=true needs parallel.overlap_grad_reduce=true "
                              "(Megatron overlaps the param all-gather only together with the grad reduction)")
+        if self.distributed_timeout_minutes < 1 or self.train_timeout_seconds <= 0:
+            raise ValueError(f"parallel.distributed_timeout_minutes must be >= 1 and parallel.train_timeout_seconds "
+                             f"> 0 (got {self.distributed_timeout_minutes} and {self.train_timeout_seconds})")
         vp = self.virtual_pipeline_model_parallel_size
         if vp is not None:
             if vp < 1:

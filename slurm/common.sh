@@ -199,6 +199,10 @@ SRUN_CMD+=("${_SRUN_EXTRA[@]}" "$POSAUG_ROOT/slurm/rank_env.sh")
 
 REQUEUE=${REQUEUE:-1}
 REQUEUE_EXIT_CODE=${REQUEUE_EXIT_CODE:-75}  # pretrain/trainer/config.py REQUEUE_EXIT_CODE
+# After a hang (pretrain/trainer/watchdog.py writes <run dir>/hang/report.txt and exits 76) the job is requeued
+# as after a preemption, at most MAX_HANG_REQUEUES times in a row without a new checkpoint in between.
+MAX_HANG_REQUEUES=${MAX_HANG_REQUEUES:-3}
+HANG_EXIT_CODE=76  # pretrain/trainer/watchdog.py HANG_EXIT_CODE
 
 # ---- print what will run ----------------------------------------------------------------------------
 cat <<SETTINGS
@@ -217,7 +221,7 @@ cat <<SETTINGS
   tasks/node      ${TASKS_PER_NODE} (world size ${WORLD_SIZE}, ${CPUS_PER_TASK} CPUs/task)
   TP / PP / DP    ${TP} / ${PP} / ${DP}
   rendezvous      env:// ${MASTER_ADDR}:${MASTER_PORT}
-  requeue         $( [ "$REQUEUE" = 1 ] && echo "on exit code ${REQUEUE_EXIT_CODE}" || echo off)
+  requeue         $( [ "$REQUEUE" = 1 ] && echo "on exit code ${REQUEUE_EXIT_CODE}, and after a hang (at most ${MAX_HANG_REQUEUES} in a row)" || echo off)
   overrides       ${SETS[*]}
 SETTINGS
 printf '[posaug-slurm] command:'
@@ -290,21 +294,73 @@ _forward() {
 trap '_forward USR1' USR1
 trap '_forward TERM' TERM
 
+_STARTED=$(date +%s)
+_HANG_REPORT=$RUN_DIR/hang/report.txt
+_hang_reported() { [ -f "$_HANG_REPORT" ] && [ "$(stat -c %Y "$_HANG_REPORT" 2>/dev/null || echo 0)" -ge "$_STARTED" ]; }
+# srun waits for every task's exit message; after a partition the tasks on a node cut off from this (batch)
+# node never get theirs through. HANG_SRUN_GRACE s after the hang report the job's steps are cancelled through
+# slurmctld (which still reaches every node), and srun is ended if it still waits.
+HANG_SRUN_GRACE=${HANG_SRUN_GRACE:-10}
+_job_steps() { squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -E '^[0-9]+\.[0-9]+$' || true; }
+_watch_hang() {
+    while kill -0 "$_SRUN_PID" 2>/dev/null; do
+        if _hang_reported; then
+            sleep "$HANG_SRUN_GRACE"
+            if kill -0 "$_SRUN_PID" 2>/dev/null; then
+                _log "srun still waits ${HANG_SRUN_GRACE} s after the hang report (for a node it cannot reach): cancelling the step"
+                for _step in $(_job_steps); do scancel "$_step" 2>/dev/null || true; done
+                sleep 5
+                kill -KILL "$_SRUN_PID" 2>/dev/null || true
+            fi
+            return 0
+        fi
+        sleep 2
+    done
+}
 set +e
 "${SRUN_CMD[@]}" "${TRAIN_CMD[@]}" &
 _SRUN_PID=$!
+_watch_hang &
+_WATCH_PID=$!
 while :; do
     wait "$_SRUN_PID"; rc=$?
     [ "$rc" -gt 128 ] || break
     # >128: srun died of a signal, or a trapped signal interrupted `wait` while srun runs on.
     if ! kill -0 "$_SRUN_PID" 2>/dev/null; then wait "$_SRUN_PID"; rc=$?; break; fi
 done
+kill "$_WATCH_PID" 2>/dev/null
 set -e
 _log "training step exited with code $rc"
 if [ -e "$POSAUG_REQUEUE_MARKER" ]; then
     rm -f "$POSAUG_REQUEUE_MARKER"
     _log "the trainer saved a checkpoint on a stop signal (exit code $REQUEUE_EXIT_CODE)"
     [ "$rc" = 0 ] && rc=$REQUEUE_EXIT_CODE
+fi
+
+# A hang report written by this attempt: name the node(s), and requeue unless hangs keep coming without progress.
+if _hang_reported; then
+    _log "the trainer reported a hang: $(head -n1 "$_HANG_REPORT")"
+    _hung_hosts=$(sed -n 's/^hosts: *//p' "$_HANG_REPORT")
+    if [ -n "$_hung_hosts" ]; then
+        _log "hung node(s): $_hung_hosts (to keep them out: sbatch --exclude=${_hung_hosts// /,} ...)"
+    fi
+    _latest=$(cat "$RUN_DIR/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)
+    _hangs=0 _hang_at=
+    [ -f "$RUN_DIR/.hang-requeues" ] && read -r _hangs _hang_at < "$RUN_DIR/.hang-requeues"
+    if [ "${_hang_at:-}" = "$_latest" ]; then _hangs=$(( ${_hangs:-0} + 1 )); else _hangs=1; fi
+    echo "$_hangs $_latest" > "$RUN_DIR/.hang-requeues"
+    if [ "$REQUEUE" = 1 ] && [ "$_hangs" -le "$MAX_HANG_REQUEUES" ]; then
+        _log "hang $_hangs of at most $MAX_HANG_REQUEUES in a row at checkpoint $_latest: requeueing job $SLURM_JOB_ID (it will resume from $RUN_DIR)"
+        # a step still ending on a node (its slurmstepd kills late) must be gone before the requeued job starts there
+        for _ in $(seq 60); do [ -z "$(_job_steps)" ] && break; sleep 1; done
+        if scontrol requeue "$SLURM_JOB_ID"; then
+            exit 0
+        fi
+        _log "scontrol requeue failed (job not requeueable here?); resubmit to resume"
+    elif [ "$REQUEUE" = 1 ]; then
+        _log "not requeueing: $_hangs hangs in a row with no checkpoint after $_latest (MAX_HANG_REQUEUES=$MAX_HANG_REQUEUES); look at the stacks in $RUN_DIR/hang, exclude the node(s) named above and resubmit"
+    fi
+    exit "$HANG_EXIT_CODE"
 fi
 
 if [ "$rc" = "$REQUEUE_EXIT_CODE" ] && [ "$REQUEUE" = 1 ]; then

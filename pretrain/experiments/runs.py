@@ -1,5 +1,5 @@
 """`python -m pretrain runs DIR`: every training run under DIR with its size, method, seed,
-iteration and state (finished / running / stopped / failed).
+iteration and state (finished / running / stopped / failed / hung).
 
 A run directory is one holding the `config.yaml` the trainer writes. Its state comes from
 the trainer's `status.json` and its newest complete checkpoint:
@@ -8,7 +8,9 @@ the trainer's `status.json` and its newest complete checkpoint:
 - running: status.json says running and the process is alive (same host), or its heartbeat
   is recent (another host, e.g. a SLURM node);
 - stopped: saved on SIGTERM/SIGUSR1 and exited for requeue;
-- failed: the trainer recorded an exception, or it says running but its process is gone.
+- failed: the trainer recorded an exception, or it says running but its process is gone;
+- hung: the hang watchdog ended the run (no step within the train timeout); the detail is its one line,
+  naming the rank(s) and host(s) that stopped. A restart resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def _state(status: dict | None, iteration: int, train_iters: int | None, stale_a
         return "failed", status.get("error", "")
     if state == "stopped":
         return "stopped", "saved on a stop signal; waiting for requeue/restart"
+    if state == "hung":
+        return "hung", status.get("error", "")
     if state == "finished":  # finished by status but checkpoint missing/pruned by hand
         return "failed", "status says finished but the last checkpoint is missing"
     if status.get("host") == socket.gethostname():
@@ -170,6 +174,6 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     print(format_table(runs))
-    counts = {s: sum(r.state == s for r in runs) for s in ("finished", "running", "stopped", "failed")}
+    counts = {s: sum(r.state == s for r in runs) for s in ("finished", "running", "stopped", "failed", "hung")}
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n) + f" ({len(runs)} runs)")
     return 0

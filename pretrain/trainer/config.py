@@ -22,6 +22,7 @@ from pretrain.trainer.data import check_data_path
 from megatron_ext.positions import PositionConfig
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"
+# (the hang watchdog's exit code, 76, lives in pretrain/trainer/watchdog.py: HANG_EXIT_CODE)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -144,8 +145,14 @@ class LoggingConfig:
     tensorboard_dir: str | None = None  # None = <save>/tensorboard
     peak_tflops: float | None = None  # per device, for MFU; None = looked up for known GPUs
     wandb: WandbConfig | None = None  # {project, entity, mode}; None = no W&B
+    # Every this many steps the ranks gather their step times (stragglers.py); 0 = never.
+    straggler_interval: int = 100
+    straggler_threshold: float = 1.5  # report the slowest rank when its time is this many times the median's
 
     def __post_init__(self) -> None:
+        if self.straggler_interval < 0 or self.straggler_threshold <= 1:
+            raise ValueError(f"logging.straggler_interval must be >= 0 (0 = off) and logging.straggler_threshold > 1 "
+                             f"(got {self.straggler_interval} and {self.straggler_threshold})")
         if isinstance(self.wandb, dict):  # from YAML / --set
             self.wandb = _subsection("logging.wandb", WandbConfig, self.wandb)
         elif self.wandb is not None and not isinstance(self.wandb, WandbConfig):

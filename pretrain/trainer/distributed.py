@@ -1,6 +1,19 @@
-"""Process groups for one run: torchrun/SLURM environment or a single local process."""
+"""Process groups for one run: torchrun/SLURM environment or a single local process.
+
+Timeouts: every group is created with `parallel.distributed_timeout_minutes` (start-up, checkpoint load and the
+first step, when ranks legitimately wait on each other for long); `set_timeout` changes them all at once, which
+the training loop does after the first step (the train timeout) and around checkpoint saves and validation (back
+to the long one). The groups always get PG_GRACE_S more than the hang watchdog, so the watchdog, which reports,
+acts first; the groups' own timeout is the fallback where it cannot run.
+"""
 
 from __future__ import annotations
+
+# Reaches into torch.distributed internals (checked against torch 2.13):
+# - distributed_c10d._set_pg_timeout (private, documented in its docstring): the only way to change a created
+#   group's timeout; torchtitan tightens its timeouts after the first step the same way.
+# - distributed_c10d._world.pg_map: every group this process belongs to, Megatron's included (Megatron keeps
+#   no list of the groups it creates).
 
 import os
 import socket
@@ -19,14 +32,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def initialize(parallel: ParallelConfig, seed: int, timeout_s: float = 600.0) -> None:
-    """Create the world group (NCCL on GPU, gloo on CPU) and Megatron's model-parallel groups."""
+PG_GRACE_S = 30.0
+FLIGHT_RECORDER_ENTRIES = "2000"  # torch's flight recorder: the last collectives of every group, per rank
+
+
+def initialize(parallel: ParallelConfig, seed: int) -> None:
+    """Create the world group (NCCL on GPU, gloo on CPU) and Megatron's model-parallel groups, all with
+    `parallel.distributed_timeout_minutes`."""
+    timeout_s = 60.0 * parallel.distributed_timeout_minutes + PG_GRACE_S
     if not torch.cuda.is_available():
         cpu_compat.apply()
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # read when a group is created; the hang watchdog dumps it beside the stacks (NCCL and gloo alike)
+        if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ:  # the deprecated name, when a user set it
+            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
         if "RANK" in os.environ:  # torchrun / srun: env:// rendezvous
             dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
         else:
@@ -44,9 +66,21 @@ def initialize(parallel: ParallelConfig, seed: int, timeout_s: float = 600.0) ->
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
         context_parallel_size=parallel.context_parallel_size,
+        distributed_timeout_minutes=timeout_s / 60.0,
     )
     seed_all(seed)
     model_parallel_cuda_manual_seed(seed)
+
+
+def set_timeout(seconds: float) -> None:
+    """Give every process group of this rank (world and Megatron's) the collective timeout `seconds` + PG_GRACE_S."""
+    from torch.distributed import distributed_c10d as c10d
+
+    for group in list(c10d._world.pg_map):
+        try:
+            c10d._set_pg_timeout(timedelta(seconds=seconds + PG_GRACE_S), group)
+        except (ValueError, AssertionError, RuntimeError):  # a group this rank is not in, or without a backend yet
+            pass
 
 
 def seed_all(seed: int) -> None:

@@ -8,18 +8,22 @@ import os
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 from data_prep.errors import FULL_OR_READ_ONLY, OutputError
 from megatron_ext.positions import build_sampler
-from pretrain.trainer import checkpoint, distributed
+from pretrain.trainer import checkpoint, distributed, resume_check
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
 from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches
 from pretrain.trainer.engine import Engine
 from pretrain.trainer.metrics import Metrics, config_summary
+from pretrain.trainer.stragglers import StepTimes
+from pretrain.trainer.watchdog import Watchdog, set_aside_previous
 
 log = logging.getLogger("pretrain")
 
@@ -50,6 +54,7 @@ def train(config: TrainConfig) -> int:
     """Run (or resume) training; returns the process exit code (REQUEUE_EXIT_CODE after a signal)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config.validate(world_size)  # before any process group exists
+    resume_check.check_model_unchanged(config)  # before anything in the run directory is written
     stop = StopSignal()
     distributed.initialize(config.parallel, config.seed)
     lock = checkpoint.RunLock(config.run_dir)
@@ -74,12 +79,40 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
         with checkpoint.run_output(run_dir, run_dir / "config.yaml", "the resolved config"):
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(dump(config))
+        with checkpoint.run_output(run_dir, run_dir / "hang", "the previous hang report"):
+            kept = set_aside_previous(run_dir)
+        if kept:
+            print(f"resume: {kept}", flush=True)
         print(f"config: {config_summary(config)} (resolved config saved to {run_dir / 'config.yaml'})", flush=True)
         print(f"model: {config.model.non_embedding_parameters() / 1e6:.2f}M non-embedding parameters, "
               f"{config.model.total_parameters(config.parallel.tensor_model_parallel_size) / 1e6:.2f}M total; "
               f"budget {config.train_tokens():,} tokens = {total_iters:,} iterations × "
               f"{config.tokens_per_iteration():,} tokens; DP={dp_size}, {num_microbatches} microbatches/step",
               flush=True)
+    watchdog = Watchdog(run_dir, total_iters, 60.0 * config.parallel.distributed_timeout_minutes,
+                        config.parallel.train_timeout_seconds).start()
+    try:
+        return _train_watched(config, stop, resume, watchdog)
+    finally:
+        watchdog.stop(failed=sys.exc_info()[1] is not None)
+
+
+def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Resume, watchdog: Watchdog) -> int:
+    rank = dist.get_rank()
+    total_iters = config.train_iters()
+    dp_rank, dp_size = distributed.data_parallel_info()
+    num_microbatches = config.num_microbatches(dp_size)
+    run_dir = config.run_dir
+    train_timeout_s = config.parallel.train_timeout_seconds
+
+    @contextmanager
+    def long_section(name: str) -> Iterator[None]:
+        """Checkpoint saves and validation may take the start-up timeout, in the watchdog and the groups."""
+        distributed.set_timeout(60.0 * config.parallel.distributed_timeout_minutes)
+        with watchdog.phase(name):
+            yield
+        distributed.set_timeout(train_timeout_s)
+
     sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=config.model.seq_length,
                             num_layers=config.model.num_layers, rotary_dim=config.model.rotary_dim,
                             rotary_base=config.model.rotary_base, total_steps=total_iters)
@@ -116,22 +149,29 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                                                     eval_batches * gbs, run_dir / "data_cache")
 
     def save(iteration: int) -> None:
-        engine.sync_params()  # overlap_param_gather defers the last update's all-gather
-        checkpoint.save(run_dir, iteration, engine,
-                        {"config": to_dict(config), "consumed_samples": iteration * gbs},
-                        keep_last=config.checkpoint.keep_last, run_dir_exists=True)
+        with long_section(f"the save of checkpoint {iteration}"):
+            engine.sync_params()  # overlap_param_gather defers the last update's all-gather
+            checkpoint.save(run_dir, iteration, engine,
+                            {"config": to_dict(config), "consumed_samples": iteration * gbs},
+                            keep_last=config.checkpoint.keep_last, run_dir_exists=True)
 
     resolved = {**to_dict(config), "train_iters": total_iters, "train_tokens": config.train_tokens()}
     metrics = Metrics(config, total_iters, start, run_config=resolved)
     exit_code = 0
     window_start, window_steps = time.time(), 0
     skipped_in_row = 0
+    step_times, straggler_interval = StepTimes(engine), config.logging.straggler_interval
     try:
         for step in range(start, total_iters):
+            step_times.begin()
             result = engine.train_step(step_batches(train_data, step, gbs, dp_rank, dp_size, mbs),
                                        sampler, step, num_microbatches, mbs, seq)
+            step_times.end()
             window_steps += 1
             done = step + 1
+            if step == start:  # start-up is over: from now on a step must complete within the train timeout
+                distributed.set_timeout(train_timeout_s)
+            watchdog.progress(done)
             metrics.step(done, f"loss {result.loss:.4f}")
             skipped_in_row = 0 if result.update_successful else skipped_in_row + 1
             if skipped_in_row:
@@ -154,11 +194,18 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
                     + ("" if mfu is None else f" | MFU {100 * mfu:.3g}%") + f" | ETA {metrics.eta()}")
                 metrics.heartbeat(done)
                 window_start, window_steps = time.time(), 0
+            if straggler_interval and done % straggler_interval == 0:
+                gathered = step_times.gather(watchdog.take_stalls())
+                for line in gathered.lines(done - straggler_interval + 1, done, config.logging.straggler_threshold,
+                                           train_timeout_s):
+                    metrics.console(line)
+                metrics.scalars(done, gathered.scalars())
             if valid_data is not None and (done % config.logging.eval_interval == 0 or done == total_iters):
                 # the same leading validation batches every time, so the curve is comparable
                 valid = itertools.chain.from_iterable(
                     step_batches(valid_data, k, gbs, dp_rank, dp_size, mbs) for k in range(eval_batches))
-                valid_loss = engine.evaluate(valid, sampler, num_microbatches * eval_batches, mbs, seq)
+                with long_section(f"validation after step {done}"):
+                    valid_loss = engine.evaluate(valid, sampler, num_microbatches * eval_batches, mbs, seq)
                 metrics.scalars(done, {"valid/loss": valid_loss})
                 metrics.console(f"step {done} | validation loss {valid_loss:.4f} (evaluation positions)")
             if stop.any_rank():
@@ -173,6 +220,7 @@ def _train(config: TrainConfig, stop: StopSignal) -> int:
             if start >= total_iters:
                 metrics.console(f"nothing to do: checkpoint is at iteration {start} of {total_iters}")
     finally:
+        watchdog.stop(failed=sys.exc_info()[1] is not None)  # a hang's exit, if there is one, comes first
         metrics.close()
     return exit_code
 

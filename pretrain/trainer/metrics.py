@@ -26,7 +26,7 @@ from pretrain.trainer.run_dir import run_output
 from pretrain.trainer.tracking import open_trackers
 
 STATUS_FILE = "status.json"
-RUN_STATES = ("running", "finished", "stopped", "failed")
+RUN_STATES = ("running", "finished", "stopped", "failed", "hung")  # hung: written by watchdog.py
 
 
 def config_summary(config) -> str:
