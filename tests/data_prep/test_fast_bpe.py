@@ -243,3 +243,16 @@ def test_many_added_tokens_split_out_as_tokenizers_does(styled):
     assert honoured.encode(text) == reference_ids(styled["deepseek3"], [text], honour=True)[0]
     assert ids["<｜User｜>"] in plain.encode(text) and ids["<｜place▁holder▁no▁7｜>"] not in plain.encode(text)
     assert ids["<｜place▁holder▁no▁77｜>"] in honoured.encode(text)
+
+
+def test_a_split_before_byte_level_with_its_own_regex_equals_tokenizers(styled, tmp_path):
+    def digits_then_gpt2(spec):
+        spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
+            spec["pre_tokenizer"]]}
+
+    path = edited(styled["gpt2"], str(tmp_path / "digits_gpt2.json"), digits_then_gpt2)
+    tok = load_tokenizer(path)
+    assert tok.backend == "tiktoken" and len(tok.fast._steps) == 1, tok.fallback_reason
+    texts = texts_to_check()
+    assert tok.encode_batch(texts) == reference_ids(path, texts)
