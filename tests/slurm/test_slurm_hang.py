@@ -42,20 +42,22 @@ def test_a_partition_between_the_nodes_ends_the_job_in_the_timeout_names_the_nod
         two_nodes, tmp_path):
     job_id = submit_113m(tmp_path, [*NODES_2x1, "--requeue"],
                          f"schedule.train_iters=30 checkpoint.save_interval=10 logging.eval_interval=1000 "
-                         f"parallel.train_timeout_seconds={TIMEOUT_S} parallel.distributed_timeout_minutes=3")
+                         f"parallel.train_timeout_seconds={TIMEOUT_S} parallel.distributed_timeout_minutes=1")
     two_node_wait_for_line(job_id, tmp_path, "\n0: step 14/", 300)
     try:
         partition(True)
         cut = time.time()
-        two_node_wait_for_line(job_id, tmp_path, "training step exited with code", TIMEOUT_S + MARGIN_S + 60)
+        two_node_wait_for_line(job_id, tmp_path, "training step exited with code", 60 + MARGIN_S + 60)
         ended = time.time() - cut
     finally:
         partition(False)
     log = two_node_wait_for_line(job_id, tmp_path, "[posaug-slurm] hang 1 of at most", 30)
-    print(f"the cut to the end of the job step: {ended:.1f} s")  # shown with -s; slurm/README.md quotes it
-    assert ended <= TIMEOUT_S + MARGIN_S, log[-4000:]
     report = re.search(r"\[posaug-slurm\] the trainer reported a hang: (hang: .*)", log)
     assert report, log[-4000:]
+    # steps take ~0.05 s here, so the cut may land in the checkpoint save of step 20, which has the start-up timeout
+    timeout_s = TIMEOUT_S if "(parallel.train_timeout_seconds)" in report.group(1) else 60
+    print(f"the cut to the end of the job step: {ended:.1f} s ({timeout_s} s timeout)")  # -s; slurm/README.md
+    assert ended <= timeout_s + MARGIN_S, log[-4000:]
     assert "rank 1 on node2 (last completed step " in report.group(1) and "stopped reporting" in report.group(1)
     assert "hung node(s): node2 (to keep them out: sbatch --exclude=node2" in log
     assert f"hang 1 of at most 3 in a row at checkpoint" in log and f"requeueing job {job_id}" in log
