@@ -108,10 +108,13 @@ def claim_verdict(expected: str, measured: str) -> str:
 
     A claimed difference is reproduced when the measured one is significant in its direction and
     opposite when significant the other way. A claimed similarity ('similar') is reproduced when no
-    significant difference is measured, and 'opposite' when one is.
+    significant difference is measured, and 'opposite' when one is. A claimed 'no better' ('not_lower' /
+    'not_higher') is reproduced unless the measured difference is significant the excluded way.
     """
     if expected == "similar":
         return "reproduced" if measured == "no significant difference" else "opposite"
+    if expected.startswith("not_"):  # "no better than": only a significant difference the excluded way contradicts
+        return "opposite" if measured == expected[4:] else "reproduced"
     if measured == expected:
         return "reproduced"
     return "opposite" if measured == OPPOSITE[expected] else "no significant difference"
@@ -171,7 +174,7 @@ def _paper(value: float | None, sign: bool = False, percent: bool = False, digit
 
 def _claim_text(part: dict) -> str:
     claim: Claim = part["claim"]
-    want = {"lower": "<", "higher": ">", "similar": "≈"}[claim.expected]
+    want = {"lower": "<", "higher": ">", "similar": "≈", "not_lower": "≥", "not_higher": "≤"}[claim.expected]
     head = f"{claim.row} {want} {claim.other} in {METRICS[part['metric']]}"
     result = part["result"]
     if result is None:

@@ -45,6 +45,7 @@ def test_table6_rows_are_fixed_8_fixed_4_discrete_cycle_and_random_base():
     assert (_posaug("cycle")["alpha_distribution"], _posaug("cycle")["alpha_values"]) == ("cycle", (1, 2, 4, 8))
     base = _posaug("random_base")
     assert (base["strategy"], base["base_min_factor"], base["base_max_factor"]) == ("random_base", 1 / 8, 8.0)
+    assert "alpha_min" not in base  # the base is drawn instead of scaling positions
 
 
 def test_table7_rows_fix_b_at_8_and_vary_a_or_downscale_only():
@@ -197,6 +198,12 @@ def test_a_claimed_similarity_is_reproduced_without_a_significant_difference_and
     assert claim_verdict("similar", "lower") == "opposite"
     assert claim_verdict("lower", "higher") == "opposite"
     assert claim_verdict("higher", "no significant difference") == "no significant difference"
+
+
+def test_a_claimed_no_better_is_contradicted_only_by_a_significant_difference_the_excluded_way():
+    assert claim_verdict("not_lower", "higher") == "reproduced"
+    assert claim_verdict("not_lower", "no significant difference") == "reproduced"
+    assert claim_verdict("not_lower", "lower") == "opposite"
 
 
 def test_a_conclusion_is_reproduced_only_when_every_comparison_is_and_opposite_when_any_is():
