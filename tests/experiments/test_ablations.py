@@ -261,6 +261,15 @@ def test_an_unknown_table_is_a_one_line_error_with_exit_code_2(tmp_path):
     assert "--tables" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_reproduce_hands_suite_ablations_to_the_ablation_runner_and_other_suites_to_reproduce():
+    ablations = subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--suite", "ablations", "--help"],
+                               cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert ablations.returncode == 0 and "--tables" in ablations.stdout
+    lm = subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--help"], cwd=REPO, capture_output=True,
+                        text=True, timeout=120)
+    assert lm.returncode == 0 and "--methods" in lm.stdout and "--tables" not in lm.stdout
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # ~5 min on 2 quiet cores; 15+ min when other jobs load the machine
