@@ -108,10 +108,13 @@ def claim_verdict(expected: str, measured: str) -> str:
 
     A claimed difference is reproduced when the measured one is significant in its direction and
     opposite when significant the other way. A claimed similarity ('similar') is reproduced when no
-    significant difference is measured, and 'opposite' when one is.
+    significant difference is measured, and 'opposite' when one is. A claimed 'no better' ('not_lower' /
+    'not_higher') is reproduced unless the measured difference is significant the excluded way.
     """
     if expected == "similar":
         return "reproduced" if measured == "no significant difference" else "opposite"
+    if expected.startswith("not_"):  # "no better than": only a significant difference the excluded way contradicts
+        return "opposite" if measured == expected[4:] else "reproduced"
     if measured == expected:
         return "reproduced"
     return "opposite" if measured == OPPOSITE[expected] else "no significant difference"
@@ -171,14 +174,17 @@ def _paper(value: float | None, sign: bool = False, percent: bool = False, digit
 
 def _claim_text(part: dict) -> str:
     claim: Claim = part["claim"]
-    want = {"lower": "<", "higher": ">", "similar": "≈"}[claim.expected]
+    want = {"lower": "<", "higher": ">", "similar": "≈", "not_lower": "≥", "not_higher": "≤"}[claim.expected]
     head = f"{claim.row} {want} {claim.other} in {METRICS[part['metric']]}"
     result = part["result"]
     if result is None:
         return f"{head}: not measured"
     spread = f", seed spread {result['spread']:.3f}" if result["seeds"] > 1 else ""
     share = f"; PosAug − baseline {part['posaug_minus_baseline']:+.3f}" if "posaug_minus_baseline" in part else ""
-    theirs = f"; paper Δ {part['paper_delta']:+.2f}" if "paper_delta" in part else ""
+    theirs = ""
+    if "paper_delta" in part:
+        delta = part["paper_delta"]
+        theirs = f"; paper Δ {delta:+.2f}" if abs(delta) >= 0.05 else f"; paper Δ {delta:+.3f}"
     return (f"{head}: Δ {result['delta']:+.3f} ± {result['se']:.3f} paired SE{spread} "
             f"({result['seeds']} seed{'s' if result['seeds'] > 1 else ''}){share}{theirs} → {part['verdict']}")
 
@@ -218,8 +224,11 @@ def table_section(number: int, summary: dict, records: list[dict]) -> tuple[str,
     return text, checked
 
 
-def _plot(summary: dict, tables: list[int], path: Path) -> Path | None:
-    """Cliff (at each table's evaluation length) against in-distribution Δ, one panel per table."""
+def _plot(summary: dict, records: list[dict], tables: list[int], path: Path) -> Path | None:
+    """Cliff (at each table's evaluation length) against in-distribution Δ, one panel per table.
+
+    Error bars are paired SEs against the same seeds' baseline (the comparisons the verdicts use), not the
+    larger unpaired SEs of the values themselves."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -240,7 +249,8 @@ def _plot(summary: dict, tables: list[int], path: Path) -> Path | None:
                 continue
             x = s["delta"]["delta"] if "delta" in s else 0.0
             xerr = s["delta"]["se"] if "delta" in s else 0.0
-            y, yerr = s[cliff]["mean"], s[cliff]["se"]
+            paired = compare(records, name, "baseline", cliff) if name != "baseline" else None
+            y, yerr = s[cliff]["mean"], paired["se"] if paired else 0.0
             ax.errorbar([x], [y], xerr=[xerr], yerr=[0 if not math.isfinite(yerr) else yerr], fmt="o", capsize=3)
             ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_title(f"Table {number}", fontsize=9)
@@ -255,12 +265,14 @@ def _plot(summary: dict, tables: list[int], path: Path) -> Path | None:
     return path
 
 
-def _cost(timing: dict) -> str:
+def _cost(timing: dict, records: list[dict]) -> str:
     invocations = timing.get("invocations", [])
+    evaluation = sum(r.get("eval_s", 0.0) for r in records)
     wall = sum(i["wall_s"] for i in invocations)
     loads = ", ".join(f"{i['load_start']}→{i['load_end']}" for i in invocations) or "not recorded"
     return (f"Cost: {timing['runs_timed']} runs trained, {timing['train_cpu_s'] / 60:.0f} CPU-min of training "
             f"({timing['train_wall_s'] / 60:.0f} min of summed run wall time) on {timing['cores']} cores; "
+            f"{evaluation / 60:.0f} min of evaluation wall time for {len(records)} runs; "
             f"{len(invocations)} invocation(s), {wall / 60:.0f} min wall in all (evaluation included); "
             f"1-min load average at start→end of each invocation: {loads}.")
 
@@ -280,7 +292,7 @@ def write_report(out: Path, preset_name: str, preset: Preset, tables: list[int],
     verdicts = [c["verdict"] for cs in checked.values() for c in cs]
     tally = ", ".join(f"{verdicts.count(v)} {v}" for v in ("reproduced", "opposite", "no significant difference",
                                                           "not measured") if verdicts.count(v))
-    plot = _plot(summary, tables, out / "cliff_vs_penalty.png")
+    plot = _plot(summary, records, tables, out / "cliff_vs_penalty.png")
     w = preset.window
     steps = {name: row_preset(preset, ROWS[name]).train_iters for name in ("baseline", "baseline_2w", "baseline_4w")}
     status = (f"**Partial: {partial} of {len(wanted)} planned (row, seed) runs are not evaluated yet** "
@@ -310,8 +322,9 @@ our rows within a table, and the paper's rows within a table, not our values wit
 {chr(10).join(chr(10) + s for s in sections)}
 
 {f"![cliff vs in-distribution Δ per table]({plot.name})" if plot else ""}
+{"(error bars: paired SE against the same seed's baseline)" if plot else ""}
 
-{_cost(timing)}
+{_cost(timing, records)}
 """
     (out / "report.md").write_text(text)
     results = {"preset": preset_name, "preset_fields": {k: getattr(preset, k) for k in (

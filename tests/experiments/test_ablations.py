@@ -45,6 +45,7 @@ def test_table6_rows_are_fixed_8_fixed_4_discrete_cycle_and_random_base():
     assert (_posaug("cycle")["alpha_distribution"], _posaug("cycle")["alpha_values"]) == ("cycle", (1, 2, 4, 8))
     base = _posaug("random_base")
     assert (base["strategy"], base["base_min_factor"], base["base_max_factor"]) == ("random_base", 1 / 8, 8.0)
+    assert "alpha_min" not in base  # the base is drawn instead of scaling positions
 
 
 def test_table7_rows_fix_b_at_8_and_vary_a_or_downscale_only():
@@ -199,6 +200,12 @@ def test_a_claimed_similarity_is_reproduced_without_a_significant_difference_and
     assert claim_verdict("higher", "no significant difference") == "no significant difference"
 
 
+def test_a_claimed_no_better_is_contradicted_only_by_a_significant_difference_the_excluded_way():
+    assert claim_verdict("not_lower", "higher") == "reproduced"
+    assert claim_verdict("not_lower", "no significant difference") == "reproduced"
+    assert claim_verdict("not_lower", "lower") == "opposite"
+
+
 def test_a_conclusion_is_reproduced_only_when_every_comparison_is_and_opposite_when_any_is():
     both = Conclusion("a: lower cliff, higher in-dist", (Claim("a", "baseline", "cliff", "lower"),
                                                         Claim("a", "baseline", "in_dist", "higher")))
@@ -252,6 +259,15 @@ def test_an_unknown_table_is_a_one_line_error_with_exit_code_2(tmp_path):
                            "--output", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--tables" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_reproduce_hands_suite_ablations_to_the_ablation_runner_and_other_suites_to_reproduce():
+    ablations = subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--suite", "ablations", "--help"],
+                               cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert ablations.returncode == 0 and "--tables" in ablations.stdout
+    lm = subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--help"], cwd=REPO, capture_output=True,
+                        text=True, timeout=120)
+    assert lm.returncode == 0 and "--methods" in lm.stdout and "--tables" not in lm.stdout
 
 
 @pytest.mark.e2e
