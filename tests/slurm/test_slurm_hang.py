@@ -81,8 +81,11 @@ def test_a_hang_past_max_hang_requeues_is_not_requeued_and_the_job_exits_with_th
 
     run_dir = tmp_path / "runs" / "113m_posaug_seed42"
     env = job_env(SYNTHETIC_DATA="1", OUTPUT_DIR=str(tmp_path / "runs"), MAX_HANG_REQUEUES="0",
-                  OVERRIDES=f"{TINY} schedule.train_iters=400 logging.log_interval=1 checkpoint.save_interval=3 "
-                            f"parallel.train_timeout_seconds={TIMEOUT_S}")
+                  # no save or validation after the start: the stop (polled from the log) must land in a training
+                  # step, not in a save, which has the start-up timeout
+                  OVERRIDES=f"{TINY} schedule.train_iters=400 logging.log_interval=1 checkpoint.save_interval=1000 "
+                            f"logging.eval_interval=1000 parallel.train_timeout_seconds={TIMEOUT_S} "
+                            f"parallel.distributed_timeout_minutes=1")
     submit = sh(["sbatch", "--parsable", f"--output={tmp_path}/job-%j.out", "--requeue", *CPU_JOB,
                  str(SLURM / "pretrain_113m_posaug.sh")], 60, cwd=tmp_path, env=env)
     assert submit.returncode == 0, submit.stderr
