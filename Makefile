@@ -5,17 +5,31 @@ VENV := .venv
 BIN := $(VENV)/bin
 # constraints-cpu.txt pins the torch (CPU build) and megatron-core this machine runs; setup.cfg states ranges.
 CONSTRAINTS := constraints-cpu.txt
-# The newest megatron-core of the tested range (megatron_ext/versions.py) gets its own environment in `make test`.
+# Every tested megatron-core but the pinned one (megatron_ext/versions.py, which says what runs where) gets a small
+# environment: megatron-core alone in a pip-less venv whose .pth appends the main .venv's site-packages, so torch and
+# everything else are installed once and shared. Each runs MATRIX_TESTS; the newest also keeps its fast suite and the
+# remaining checkpoint modules.
+MCORE_MATRIX := 0.17.1 0.18.2 0.19.2
 MCORE_NEWEST := 0.19.2
 VENV_NEWEST := .venv-mcore-$(MCORE_NEWEST)
 BIN_NEWEST := $(VENV_NEWEST)/bin
-# Its fast suite, plus the slow tests that save, resume and export Megatron checkpoints (the API that moved in 0.19).
+# On every minor: each reach exercised (selfcheck, a reach taken away), a source tree without pip metadata, a
+# checkpoint saved by one process resumed under TP=2 and under PP=2, a save on SIGTERM, and HF export of TP=1 and
+# TP=2/PP=2 saves.
+MATRIX_TESTS := tests/test_selfcheck.py \
+	tests/test_versions.py::test_megatron_source_tree_without_pip_metadata_takes_the_branch_its_code_has \
+	tests/trainer/test_train.py::test_parallel_layout_resumed_from_one_process_checkpoint_follows_the_same_loss_curve \
+	tests/trainer/test_train.py::test_sigterm_saves_a_checkpoint_and_exits_with_the_requeue_code \
+	tests/hf/test_hf_export_checkpoint.py::test_auto_model_logits_equal_megatron_logits
+MATRIX_DESELECT := -k "not dp2"
+# The newest minor's slow part: the whole checkpoint modules and the pinned -> newest upgrade.
 NEWEST_CHECKPOINT_TESTS := tests/trainer/test_train.py tests/trainer/test_faults_checkpoint.py tests/trainer/test_megatron_upgrade.py \
-	tests/hf/test_hf_export_checkpoint.py
+	tests/hf/test_hf_export_checkpoint.py \
+	tests/test_versions.py::test_megatron_source_tree_without_pip_metadata_takes_the_branch_its_code_has
 # OpenMPI (MPI data_prep tests) and SLURM + munge + PMIx (the real local cluster the launcher tests use).
 APT_PACKAGES := openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge libpmix-dev
 
-.PHONY: demo test test-newest-megatron system-deps slurm-cluster slurm-two-nodes venv clean
+.PHONY: demo test test-newest-megatron test-megatron-matrix system-deps slurm-cluster slurm-two-nodes venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,19 +45,17 @@ $(VENV)/.installed-test: $(VENV)/.installed-core system-deps
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[data,hf,mpi,dev,eval,wandb]'
 	touch $@
 
-# megatron-core >= 0.17 declares Requires-Python >= 3.12, but its code runs on this Python 3.11 (the suite passes):
-# it is installed first with --no-deps --ignore-requires-python (its own requirements, torch, numpy and packaging,
-# come with ours), and the project's install then keeps it because it satisfies setup.cfg's range.
-$(BIN_NEWEST)/python:
-	$(PYTHON) -m venv $(VENV_NEWEST)
-
-$(VENV_NEWEST)/.installed: $(BIN_NEWEST)/python setup.cfg pyproject.toml $(CONSTRAINTS) system-deps
-	$(BIN_NEWEST)/pip install -q --upgrade pip
-	$(BIN_NEWEST)/pip install -q -c $(CONSTRAINTS) torch
-	$(BIN_NEWEST)/pip install -q --no-deps --ignore-requires-python megatron-core==$(MCORE_NEWEST)
-	grep -v '^megatron-core==' $(CONSTRAINTS) > $(VENV_NEWEST)/constraints.txt
-	echo 'megatron-core==$(MCORE_NEWEST)' >> $(VENV_NEWEST)/constraints.txt
-	$(BIN_NEWEST)/pip install -q -c $(VENV_NEWEST)/constraints.txt -e '.[data,hf,mpi,dev,eval,wandb]'
+# megatron-core >= 0.17 declares Requires-Python >= 3.12, but its code runs on this Python 3.11 (the tests say so):
+# it is installed with --no-deps --ignore-requires-python (its own requirements, torch, numpy and packaging, are the
+# main environment's). Its site-packages comes first on sys.path, so this megatron-core shadows the pinned one.
+.venv-mcore-%/.installed: $(VENV)/.installed-test
+	rm -rf .venv-mcore-$*
+	$(BIN)/python -m venv --without-pip .venv-mcore-$*
+	site=$$(.venv-mcore-$*/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+	main=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+	echo "import site; site.addsitedir('$$main')" > $$site/main_environment.pth && \
+	.venv-mcore-$*/bin/python -m pip install -q --no-deps --ignore-requires-python --target $$site megatron-core==$*
+	.venv-mcore-$*/bin/python -c "import importlib.metadata as m; assert m.version('megatron-core') == '$*'"
 	touch $@
 
 venv: $(VENV)/.installed-core
@@ -73,10 +85,18 @@ demo: $(VENV)/.installed-core
 test: $(VENV)/.installed-test slurm-cluster slurm-two-nodes
 	$(BIN)/python -m pytest -q --durations=15
 	$(MAKE) test-newest-megatron
+	$(MAKE) test-megatron-matrix
 
 test-newest-megatron: $(VENV_NEWEST)/.installed
 	$(BIN_NEWEST)/python -m pytest -q -m "not slow" -p no:cacheprovider
 	$(BIN_NEWEST)/python -m pytest -q -m slow -p no:cacheprovider $(NEWEST_CHECKPOINT_TESTS)
 
+# MATRIX_TESTS on every minor of MCORE_MATRIX but the newest (test-newest-megatron covers it).
+test-megatron-matrix: $(foreach version,$(filter-out $(MCORE_NEWEST),$(MCORE_MATRIX)),.venv-mcore-$(version)/.installed)
+	set -e; for version in $(filter-out $(MCORE_NEWEST),$(MCORE_MATRIX)); do \
+	  echo "megatron-core $$version: MATRIX_TESTS"; \
+	  .venv-mcore-$$version/bin/python -m pytest -q -p no:cacheprovider $(MATRIX_DESELECT) $(MATRIX_TESTS); \
+	done
+
 clean:
-	rm -rf $(VENV) $(VENV_NEWEST) demo_out
+	rm -rf $(VENV) .venv-mcore-* demo_out

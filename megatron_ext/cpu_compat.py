@@ -11,11 +11,11 @@ comment block at its top.
 Call `apply()` before building models or process groups (and `install_import_shims()`
 before the first `import megatron.core`, which `apply()` does for you).
 
-Versions (megatron_ext/versions.py; `make test` runs the suite on both ends): every patch and
-the import shim are checked against megatron-core 0.16.1 and 0.19.2. Patches 1-5 and 7 serve
-both; patch 6 and the import shim serve only 0.19+ call sites and change nothing that 0.16.1
-calls, so no version switch is needed here (the one switch between the two lives in
-pretrain/trainer/checkpoint.py).
+Versions (megatron_ext/versions.py says which tests run on which): every patch and the import
+shim are checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and 0.19.2. No version string is
+read: the private names patches 2-4 replace are megatron_ext.versions.REACHES, looked up here and
+left alone when absent (build_model then names them); the import shim finds the module that
+imports triton unguarded by reading Megatron's files; patch 6 changes nothing older releases call.
 """
 
 from __future__ import annotations
@@ -24,16 +24,31 @@ import importlib.util
 import logging
 import sys
 import types
+from pathlib import Path
 
 import torch
 
 APPLIED: list[str] = []
 _DEVICE_MODE: torch.overrides.TorchFunctionMode | None = None
 
-# megatron-core >= 0.19 imports triton at import time (transformer/moe/ops/paged_stash.py,
-# reached from megatron.core.__init__ via pipeline_parallel.schedules). Stubbing `triton`
-# itself breaks torch._dynamo, so only that one Megatron module is pre-registered.
-_PAGED_STASH = "megatron.core.transformer.moe.ops.paged_stash"
+# megatron-core 0.18 and 0.19 import triton at import time (0.19: transformer/moe/ops/paged_stash.py,
+# 0.18: transformer/moe/paged_stash.py itself), reached from megatron.core.__init__ via
+# pipeline_parallel.schedules. Stubbing `triton` itself breaks torch._dynamo, so only the Megatron
+# module whose file imports triton unguarded is pre-registered: the first of these that does.
+_PAGED_STASH_CANDIDATES = ("megatron.core.transformer.moe.ops.paged_stash", "megatron.core.transformer.moe.paged_stash")
+
+
+def _imports_triton_unguarded(module: str) -> bool:
+    """True when `module`'s file (found without importing megatron.core) has a top-level `import triton`."""
+    try:
+        spec = importlib.util.find_spec("megatron")
+    except (ImportError, ValueError):
+        return False
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root, *module.split(".")[1:]).with_suffix(".py")
+        if path.is_file():
+            return any(line.startswith(("import triton", "from triton")) for line in path.read_text().splitlines())
+    return False
 
 
 def _fix_device(device: object) -> object:
@@ -69,19 +84,27 @@ class CudaToCpuMode(torch.overrides.TorchFunctionMode):
 
 
 def install_import_shims() -> bool:
-    """Let megatron-core 0.19+ import without triton; a no-op for 0.16 or when triton exists."""
-    if _PAGED_STASH in sys.modules or importlib.util.find_spec("triton") is not None:
+    """Let megatron-core 0.18+ import without triton; a no-op for 0.16/0.17 or when triton exists."""
+    if importlib.util.find_spec("triton") is not None:
         return False
-    stub = types.ModuleType(_PAGED_STASH)
+    target = next((m for m in _PAGED_STASH_CANDIDATES if m in sys.modules or _imports_triton_unguarded(m)), None)
+    if target is None or target in sys.modules:
+        return False
+    stub = types.ModuleType(target)
     stub.GLOBAL_BLOCK_SIZE = 1024
 
     def _needs_triton(*_args, **_kwargs):
-        raise RuntimeError("paged-stash MoE kernels need triton and CUDA")
+        raise RuntimeError("paged-stash MoE (moe_paged_stash) needs triton and CUDA")
 
-    stub.paged_stash_copy_kernel = _needs_triton
-    stub.paged_stash_pop_kernel = _needs_triton
-    sys.modules[_PAGED_STASH] = stub
+    # Every other name Megatron imports from it (kernels, paged_stash_reset, ...) is that refusal; Megatron
+    # calls them only with config.moe_paged_stash, which this project never sets.
+    stub.__getattr__ = lambda name: _needs_triton if not name.startswith("__") else _no_attribute(target, name)
+    sys.modules[target] = stub
     return True
+
+
+def _no_attribute(module: str, name: str):
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
 
 def apply() -> list[str]:
@@ -101,10 +124,14 @@ def apply() -> list[str]:
     #    torch.cuda.manual_seed_all, which would recurse.
     import megatron.core.tensor_parallel.random as mcore_random
 
+    from megatron_ext.versions import find
+
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
-    mcore_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    mcore_random._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
+    if find("cuda_rng_state"):
+        mcore_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    if find("set_cuda_rng_state"):
+        mcore_random._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
     # fork() warns on every use that the CPU RNG changed inside the "GPU" RNG context,
     # which here is the same generator by construction.
     logging.getLogger(mcore_random.__name__).setLevel(logging.ERROR)
@@ -118,31 +145,19 @@ def apply() -> list[str]:
     def get_default_causal_mask(sq: int) -> torch.Tensor:
         return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
 
-    transformer_utils.get_default_causal_mask = get_default_causal_mask
-    fused_softmax.get_default_causal_mask = get_default_causal_mask
+    if find("causal_mask"):
+        transformer_utils.get_default_causal_mask = get_default_causal_mask
+    if find("softmax_causal_mask"):
+        fused_softmax.get_default_causal_mask = get_default_causal_mask
     APPLIED.append("causal_mask")
 
     # 4) sequence_parallel with the local spec: WrappedTorchNorm asserts that torch norms do
     #    not support sequence parallel. A torch norm is correct on a sequence shard as long
     #    as its grads are all-reduced over TP, which finalize_model_grads does for params
     #    tagged `.sequence_parallel = True`.
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    original_new = WrappedTorchNorm.__new__
-
-    def wrapped_norm_new(cls, config, hidden_size, eps=1e-5, **kwargs):
-        sequence_parallel = config.sequence_parallel
-        object.__setattr__(config, "sequence_parallel", False)
-        try:
-            norm = original_new(cls, config, hidden_size, eps, **kwargs)
-        finally:
-            object.__setattr__(config, "sequence_parallel", sequence_parallel)
-        for param in norm.parameters():
-            param.sequence_parallel = sequence_parallel
-        return norm
-
-    WrappedTorchNorm.__new__ = wrapped_norm_new
-    APPLIED.append("seqpar_norm")
+    if find("wrapped_torch_norm"):
+        _patch_wrapped_torch_norm()
+        APPLIED.append("seqpar_norm")
 
     # 5) pipeline_parallel/p2p_communication.py calls torch.cuda.synchronize() after
     #    batched p2p (batch_p2p_sync) and in _communicate_shapes.
@@ -163,3 +178,23 @@ def apply() -> list[str]:
     _DEVICE_MODE.__enter__()
     APPLIED.append("device_mode")
     return APPLIED
+
+
+def _patch_wrapped_torch_norm() -> None:
+    """Patch 4 (see apply)."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    original_new = WrappedTorchNorm.__new__
+
+    def wrapped_norm_new(cls, config, hidden_size, eps=1e-5, **kwargs):
+        sequence_parallel = config.sequence_parallel
+        object.__setattr__(config, "sequence_parallel", False)
+        try:
+            norm = original_new(cls, config, hidden_size, eps, **kwargs)
+        finally:
+            object.__setattr__(config, "sequence_parallel", sequence_parallel)
+        for param in norm.parameters():
+            param.sequence_parallel = sequence_parallel
+        return norm
+
+    WrappedTorchNorm.__new__ = wrapped_norm_new

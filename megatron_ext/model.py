@@ -10,7 +10,8 @@ Llama 3's RoPE scaling (use_rope_scaling).
 
 from __future__ import annotations
 
-# Reaches into Megatron-Core (checked against megatron-core 0.16.1 and 0.19.2):
+# Reaches into Megatron-Core (checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and 0.19.2; build_model logs
+# one line per reach of megatron_ext.versions the installed Megatron lacks):
 # - RotaryEmbedding.inv_freq (a plain attribute of GPTModel.rotary_pos_emb) is replaced by the
 #   Llama-3-scaled frequencies with model.use_rope_scaling: Megatron's own rope_scaling hard-codes
 #   the original window 8192 and the low/high frequency factors 1 and 4, which HF reads from config.
@@ -422,6 +423,9 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         rotary_base=int(model.rotary_base) if float(model.rotary_base).is_integer() else model.rotary_base,
         vp_stage=vp_stage,
     )
+    from megatron_ext.versions import log_missing_reaches
+
+    log_missing_reaches(gpt)
     if model.use_rope_scaling:
         # Megatron's own rope_scaling fixes the original window at 8192; HF's llama3 takes it from the config.
         rotary = gpt.rotary_pos_emb

@@ -24,9 +24,11 @@ Megatron's `attention_bias` (see megatron_ext.alibi_attention for the core atten
 
 from __future__ import annotations
 
-# Reaches into Megatron-Core internals (checked against megatron-core 0.16.1 and 0.19.2):
+# Reaches into Megatron-Core internals (checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and 0.19.2;
+# megatron_ext.versions lists them and names a missing one when the model is built):
 # - GPTModel._preprocess (private, overridden): the only place where rotary angles are built
-#   between the embedding and the decoder; overriding it keeps GPTModel.forward stock.
+#   between the embedding and the decoder; overriding it keeps GPTModel.forward stock. Its
+#   optional parameters are read from its signature, so only those it takes are passed on.
 # - RotaryEmbedding.inv_freq, .rotary_interleaved, .seq_len_interpolation_factor
 #   (attributes of self.rotary_pos_emb): the model's own frequencies and settings, so float
 #   positions use exactly what arange positions would.
@@ -34,6 +36,8 @@ from __future__ import annotations
 #   one scalar both attention backends multiply the logits by; YaRN's factor goes there.
 
 import contextlib
+import functools
+import inspect
 from typing import Iterator
 
 import torch
@@ -41,6 +45,13 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 
 from megatron_ext.alibi import alibi_bias, alibi_slopes
 from megatron_ext.positions import RopePositions
+from megatron_ext.versions import resolve
+
+
+@functools.cache
+def _preprocess_parameters() -> frozenset[str]:
+    """The parameter names of the installed GPTModel._preprocess (MissingReachError when it is gone)."""
+    return frozenset(inspect.signature(resolve("gpt_preprocess")).parameters)
 
 
 def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor, *, interleaved: bool = False,
@@ -70,6 +81,7 @@ class FloatPositionGPTModel(GPTModel):
 
     def __init__(self, *args, alibi: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        _preprocess_parameters()  # the reach this class overrides: a clear error now, not ignored positions later
         if self.position_embedding_type not in ("rope", "none"):
             raise ValueError("FloatPositionGPTModel needs position_embedding_type 'rope' or 'none' (NoPE / ALiBi)")
         if alibi and self.position_embedding_type != "none":
@@ -127,10 +139,11 @@ class FloatPositionGPTModel(GPTModel):
                     packed_seq_params=None, padding_mask=None):
         rope = position_ids if isinstance(position_ids, RopePositions) else None
         # The embedding layer ignores position_ids for RoPE models; hand it a tensor anyway.
+        optional = dict(decoder_input=decoder_input, inference_context=inference_context,
+                        packed_seq_params=packed_seq_params, padding_mask=padding_mask)
         output = super()._preprocess(
             input_ids, rope.positions if rope is not None else position_ids,
-            decoder_input=decoder_input, inference_context=inference_context,
-            packed_seq_params=packed_seq_params, padding_mask=padding_mask)
+            **{k: v for k, v in optional.items() if k in _preprocess_parameters() or v is not None})
         if rope is None:
             return output
         if packed_seq_params is not None:

@@ -32,7 +32,7 @@ ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (5, "task suite", ("pretrain.tasks.suite",)),
     (5, "plan", ("pretrain.plan",)),
     (6, "experiments", ("pretrain.experiments",)),
-    (6, "entry points", ("pretrain$", "pretrain.__main__", "pretrain.selfcheck")),
+    (6, "entry points", ("pretrain$", "pretrain.__main__", "pretrain.selfcheck", "pretrain.selfcheck_reaches")),
 ]
 
 

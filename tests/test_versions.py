@@ -1,18 +1,21 @@
-"""The version contract: ranges in setup.cfg, exact pins only in constraints-cpu.txt, both megatron-core ends named
-in one place (megatron_ext/versions.py) and nothing our code imports that Python 3.12 / 3.13 removed."""
+"""The version contract: ranges in setup.cfg, exact pins only in constraints-cpu.txt, every tested megatron-core named
+in one place (megatron_ext/versions.py), private reaches found by name (also in a source tree without pip metadata)
+and nothing our code imports that Python 3.12 / 3.13 removed."""
 
 from __future__ import annotations
 
 import ast
 import configparser
+import os
 import re
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 from conftest import REPO
-from megatron_ext.versions import MEGATRON_CORE_REQUIREMENT, TESTED_MEGATRON_CORE, in_tested_range, \
+from megatron_ext.versions import MEGATRON_CORE_REQUIREMENT, REACHES, TESTED_MEGATRON_CORE, in_tested_range, \
     megatron_core_version
 
 # Standard-library modules removed in Python 3.12 (PEP 594's first wave, distutils, imp) and 3.13.
@@ -56,7 +59,7 @@ def test_megatron_core_requirement_is_the_tested_range():
         f"megatron-core{MEGATRON_CORE_REQUIREMENT}").specifier
 
 
-def test_both_tested_ends_lie_in_the_range_and_the_next_minor_does_not():
+def test_every_tested_version_lies_in_the_range_and_the_next_minor_does_not():
     assert all(in_tested_range(Version(version)) for version in TESTED_MEGATRON_CORE)
     assert not in_tested_range(Version("0.20.0")) and not in_tested_range(Version("0.15.0"))
 
@@ -81,8 +84,73 @@ def test_makefile_applies_the_constraints_to_every_install_of_the_main_environme
     assert main_installs and all("-c $(CONSTRAINTS)" in line for line in main_installs), main_installs
 
 
-def test_makefile_second_environment_is_the_newest_tested_megatron_core():
+def test_makefile_matrix_holds_every_tested_megatron_core_but_the_pinned_one():
+    assert re.search(r"^MCORE_MATRIX := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1).split() == \
+        list(TESTED_MEGATRON_CORE[1:])
     assert _makefile_variable("MCORE_NEWEST") == TESTED_MEGATRON_CORE[-1]
+
+
+def test_every_tested_minor_is_a_different_minor():
+    minors = [Version(version).release[:2] for version in TESTED_MEGATRON_CORE]
+    assert len(set(minors)) == len(minors) and minors == sorted(minors)
+
+
+def _site_without_megatron(tmp_path):
+    """A copy of the installed megatron tree (no dist-info) and a site dir linking everything else installed."""
+    import importlib.util
+    import shutil
+
+    tree = Path(importlib.util.find_spec("megatron").submodule_search_locations[0])
+    source, site = tmp_path / "Megatron-LM", tmp_path / "site"
+    shutil.copytree(tree, source / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
+    site.mkdir()
+    installed = Path(importlib.util.find_spec("torch").origin).parents[1]
+    for entry in installed.iterdir():
+        if entry.name != "megatron" and not entry.name.startswith("megatron_core") and entry.suffix != ".pth":
+            (site / entry.name).symlink_to(entry)
+    return source, site
+
+
+BRANCH_TAKEN = """
+import importlib.metadata, json, sys
+import megatron_ext.cpu_compat
+megatron_ext.cpu_compat.apply()
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron_ext import versions
+from pretrain.trainer import checkpoint
+try:
+    importlib.metadata.version("megatron-core")
+    metadata = "visible"
+except importlib.metadata.PackageNotFoundError:
+    metadata = "absent"
+checkpoint._start_writer_process_shielded()
+print(json.dumps({"metadata": metadata, "file": filesystem_async.__file__, "version": str(versions.megatron_core_version()),
+                  "found": {name: (versions.find(name) or [None])[0] for name in versions.REACHES},
+                  "queue_started": filesystem_async._results_queue is not None}))
+"""
+
+
+@pytest.mark.slow  # copies the megatron tree and imports it in a subprocess (~20 s)
+def test_megatron_source_tree_without_pip_metadata_takes_the_branch_its_code_has(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    source, site = _site_without_megatron(tmp_path)
+    env = {"PYTHONPATH": os.pathsep.join([str(source), str(REPO), str(site)]), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": "", "PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-S", "-c", BRANCH_TAKEN], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["metadata"] == "absent" and seen["file"].startswith(str(source)), seen
+    assert seen["version"] == str(megatron_core_version())
+    expected = "get_write_results_queue" if hasattr(filesystem_async, "get_write_results_queue") \
+        else "_get_write_results_queue"
+    assert seen["found"]["write_results_queue"] == expected and seen["queue_started"], seen
+    assert all(seen["found"][name] for name in REACHES), seen["found"]
 
 
 def test_suite_runs_on_a_tested_megatron_core():

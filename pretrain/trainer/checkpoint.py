@@ -37,9 +37,9 @@ from pretrain.trainer.run_dir import (LATEST, MOVE_RUN, STATE, CheckpointError, 
                                       iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
                                       read_train_state, resolve, resume_hint, run_output, set_aside_newer, verify)
 
-# Reaches into Megatron-Core internals (checked against megatron-core 0.16.1 and 0.19.2):
-# - dist_checkpointing.strategies.filesystem_async._get_write_results_queue (0.16.1, private; public
-#   as get_write_results_queue from 0.19, same behaviour; megatron_ext.versions switches): the first
+# Reaches into Megatron-Core internals (checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and 0.19.2):
+# - dist_checkpointing.strategies.filesystem_async.get_write_results_queue (public from 0.17.0; private
+#   _get_write_results_queue in 0.16; looked up by name, megatron_ext.versions.REACHES): the first
 #   save starts a multiprocessing Manager process that lives for the rest of the run. SLURM sends
 #   USR1/TERM to every process of a job step, so that process died on preemption and the save the
 #   signal asked for failed (BrokenPipeError). It is started here with those signals blocked; a
@@ -179,12 +179,12 @@ def _start_writer_process_shielded() -> None:
     """Start Megatron's checkpoint-writer helper process with SIGUSR1/SIGTERM blocked (see the top)."""
     import signal
 
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron_ext.versions import find
 
-    from megatron_ext.versions import megatron_core_at_least
-
-    start_queue = (filesystem_async.get_write_results_queue if megatron_core_at_least("0.19")
-                   else filesystem_async._get_write_results_queue)
+    found = find("write_results_queue")  # public from 0.17, private before; absent: logged at model build
+    if found is None:
+        return
+    start_queue = found[1]
     stop_signals = {signal.SIGUSR1, signal.SIGTERM}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
