@@ -15,8 +15,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from conftest import REPO
-from megatron_ext.versions import MEGATRON_CORE_REQUIREMENT, REACHES, TESTED_MEGATRON_CORE, in_tested_range, \
-    megatron_core_version
+from megatron_ext.versions import MEGATRON_CORE_REQUIREMENT, REACHES, TESTED_MEGATRON_CORE, Reach, find, \
+    in_tested_range, log_missing_reaches, megatron_core_version, missing_line
 
 # Standard-library modules removed in Python 3.12 (PEP 594's first wave, distutils, imp) and 3.13.
 REMOVED_IN_312_313 = {"distutils", "imp", "asynchat", "asyncore", "smtpd", "aifc", "audioop", "cgi", "cgitb",
@@ -93,6 +93,26 @@ def test_makefile_matrix_holds_every_tested_megatron_core_but_the_pinned_one():
 def test_every_tested_minor_is_a_different_minor():
     minors = [Version(version).release[:2] for version in TESTED_MEGATRON_CORE]
     assert len(set(minors)) == len(minors) and minors == sorted(minors)
+
+
+def test_every_reach_is_found_in_the_installed_megatron_core():
+    assert {name: find(name) is not None for name in REACHES} == {name: True for name in REACHES}
+
+
+def test_a_reach_falls_back_to_its_next_candidate_in_order(monkeypatch):
+    monkeypatch.setitem(REACHES, "probe", Reach("probe", "megatron.core.transformer.utils",
+                                                ("renamed_in_a_future_release", "get_default_causal_mask"),
+                                                "megatron_ext.cpu_compat", "a probe"))
+    assert find("probe")[0] == "get_default_causal_mask"
+
+
+def test_a_reach_megatron_lacks_is_one_line_naming_it_and_the_module_using_it(monkeypatch, caplog):
+    monkeypatch.setitem(REACHES, "probe", Reach("probe", "megatron.core.transformer.utils", ("gone", "gone_too"),
+                                                "megatron_ext.cpu_compat", "a probe"))
+    lines = log_missing_reaches()
+    assert lines == [missing_line("probe")] and "\n" not in lines[0]
+    assert "megatron.core.transformer.utils.{gone | gone_too}" in lines[0] and "megatron_ext.cpu_compat" in lines[0]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == lines
 
 
 def _site_without_megatron(tmp_path):

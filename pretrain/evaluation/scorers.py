@@ -14,33 +14,30 @@ dropped), so the two backends compute the same distribution.
 """
 
 # Reaches into transformers internals (HF backend; checked against transformers 5.23.0):
-# - rotary module `inv_freq` / `original_inv_freq` (buffers), `attention_scaling`, `max_seq_len_cached`,
-#   `rope_type` (hf_rope): evaluation frequencies are swapped in for one call. transformers' `dynamic_rope_update`
-#   rewrites inv_freq and raises max_seq_len_cached during a dynamic-NTK forward, so all five are saved and restored
-#   around every call (else a later call runs with the restored unscaled inv_freq and results depend on the batch
-#   size), and rope_type is "default" while replacement frequencies are in place.
+# - the rotary modules' state, swapped for one call: listed in pretrain/evaluation/hf_rope.py.
 # - `config._attn_implementation` (attention_entropy): switched to "eager" for one call, the only
 #   attention that returns probabilities, and restored.
 # - `DynamicCache.layers[i].keys/values` (_keep_last): truncated to the paper's sliding KV window.
-# Reaches into Megatron-Core internals (Megatron backend; checked against megatron-core 0.16.1 and 0.19.2):
+# Reaches into Megatron-Core internals (Megatron backend; checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and
+# 0.19.2; megatron_ext.versions.MODEL_REACHES, checked when the model is built):
 # - local `DotProductAttention.attention_dropout` (a submodule): a forward hook on it reads the attention
 #   probabilities for the entropy metric (SDPA cores take Megatron's unfused path for that call).
 
 from __future__ import annotations
 
 import abc
-import contextlib
 import inspect
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from megatron_ext.positions import PositionConfig, RopePositions, RopeScaling, build_sampler, scaled_inv_freq
+from pretrain.evaluation.hf_rope import hf_rope, rotary_modules
 
 log = logging.getLogger(__name__)
 
@@ -139,47 +136,6 @@ class Scorer(abc.ABC):
 # --------------------------------------------------------------------------- HF backend
 
 
-def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
-
-
-# Per-call state of a transformers rotary module; transformers' dynamic-NTK update rewrites it
-# during a forward (see the comment block at the top of this module).
-_ROTARY_STATE = ("inv_freq", "original_inv_freq", "attention_scaling", "max_seq_len_cached", "rope_type")
-
-
-@contextlib.contextmanager
-def hf_rope(model: torch.nn.Module, rope: RopePositions) -> Iterator[None]:
-    """Give every rotary module rope.inv_freq / rope.attention_factor for one call; restore its state after.
-
-    Restoring all of _ROTARY_STATE makes every call start from the loaded model: a dynamic-NTK
-    model then computes its frequencies for each call's own length, whatever ran before.
-    """
-    if rope.layer_positions is not None:
-        raise ValueError("per-layer positions cannot be evaluated through an HF model")
-    modules = _rotary_modules(model)
-    if not modules:
-        raise ValueError(f"{type(model).__name__} has no rotary module with an inv_freq buffer: not a RoPE model")
-    saved = [(m, {name: getattr(m, name) for name in _ROTARY_STATE if hasattr(m, name)}) for m in modules]
-    try:
-        for m, state in saved:
-            if rope.inv_freq is not None:
-                inv_freq = state["inv_freq"]
-                if rope.inv_freq.numel() != inv_freq.numel():
-                    raise ValueError(f"replacement inv_freq has {rope.inv_freq.numel()} entries; the model's "
-                                     f"rotary module has {inv_freq.numel()}")
-                m.inv_freq = rope.inv_freq.to(device=inv_freq.device, dtype=inv_freq.dtype)
-                if "rope_type" in state:
-                    m.rope_type = "default"  # no dynamic update may overwrite the replacement
-            if rope.attention_factor != 1.0:
-                m.attention_scaling = state.get("attention_scaling", 1.0) * rope.attention_factor
-        yield
-    finally:
-        for m, state in saved:
-            for name, value in state.items():
-                setattr(m, name, value)
-
-
 class HFScorer(Scorer):
     """Scores with a transformers causal LM (SDPA, memory linear in L)."""
 
@@ -189,7 +145,7 @@ class HFScorer(Scorer):
                  rope_scaling: RopeScaling | None = None, vocab_size: int | None = None) -> None:
         self.model = model.eval()
         config = model.config
-        rotary = _rotary_modules(model)
+        rotary = rotary_modules(model)
         if not rotary:
             raise ValueError(f"{type(model).__name__} has no RoPE (no rotary module with inv_freq)")
         inv_freq = rotary[0].inv_freq
@@ -305,7 +261,13 @@ class MegatronScorer(Scorer):
     @torch.no_grad()
     def attention_entropy(self, tokens, rope):
         from megatron_ext.sdpa_attention import materialized_probabilities
-        cores = [m for m in self.model.modules() if hasattr(m, "attention_dropout") and hasattr(m, "softmax_scale")]
+        from megatron_ext.versions import MissingReachError, check_model_reaches, core_attentions
+
+        cores = core_attentions(self.model, local_only=True)
+        missing = check_model_reaches(self.model)["attention_dropout"]
+        if missing or not cores:
+            raise MissingReachError(missing or "attention entropy reads Megatron's local DotProductAttention "
+                                    "probabilities; this model has none (model.transformer_impl=local)")
         total = torch.zeros(tokens.shape, dtype=torch.float64)
 
         def hook(module, args, output):  # dropout's output: the probabilities [b, h, q, k]
