@@ -23,14 +23,18 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-# What runs where in `make test` (the Makefile's MCORE_* variables; tests/test_versions.py checks them):
+# What runs where in `make test` (the Makefile's MCORE_MATRIX, MATRIX_TESTS and NEWEST_CHECKPOINT_TESTS;
+# tests/test_versions.py keeps the versions equal):
 # - 0.16.1 (constraints-cpu.txt, the main .venv): the whole suite, fast and slow.
-# - 0.19.2 (its own .venv-mcore-0.19.2): the fast suite, plus the checkpoint save / resume / export modules,
-#   the 0.16.1 -> 0.19.2 upgrade test and the TP=2 / PP=2 steps (MATRIX_TESTS + NEWEST_EXTRA_TESTS).
-# - 0.17.1 and 0.18.2 (megatron-core alone, installed with --target into .mcore-X and put first on the main
-#   .venv's PYTHONPATH): the checkpoint save / resume / export tests and the TP=2 / PP=2 steps (MATRIX_TESTS).
-# Nothing else runs on 0.17-0.19: TP/PP/VPP equivalence, context parallel, the hang and SLURM tests have run
-# on 0.16.1 only.
+# - 0.17.1 and 0.18.2 (megatron-core alone in a small .venv-mcore-X whose .pth appends .venv's site-packages):
+#   MATRIX_TESTS only: selfcheck (every reach exercised and PASS), a source tree without
+#   pip metadata, a one-process checkpoint resumed under TP=2 and under PP=2, a save on SIGTERM, and HF export of
+#   TP=1 and TP=2/PP=2 saves.
+# - 0.19.2 (the same kind of environment): the fast suite, plus the slow checkpoint modules (NEWEST_CHECKPOINT_TESTS:
+#   test_train.py, test_faults_checkpoint.py, the 0.16.1 -> 0.19.2 upgrade, test_hf_export_checkpoint.py) and the
+#   source-tree test.
+# Every other slow test (TP/PP/VPP equivalence, context parallel, the hangs, test_hf_import_architectures.py, the
+# SLURM jobs, ...) runs on 0.16.1 only.
 TESTED_MEGATRON_CORE = ("0.16.1", "0.17.1", "0.18.2", "0.19.2")
 # The requirement setup.cfg states: from the oldest tested release up to the next minor after the newest.
 MEGATRON_CORE_REQUIREMENT = ">=0.16.1,<0.20"
