@@ -62,9 +62,12 @@ def _map(fn: Callable, tasks: list, workers: int, context: WorkerContext,
         for task in tasks:
             yield fn(task)
         return
-    # fork: workers inherit imports (megatron/torch for stage 2) instead of paying them again.
-    with mp.get_context("fork").Pool(min(workers, len(tasks)), initializer=init_worker,
-                                     initargs=(context,)) as pool:
+    # forkserver, not fork: by now this process may run threads (torch's, the Megatron import's), and a fork of a
+    # multi-threaded process can deadlock the child (Python 3.12+ warns). Workers fork from a single-threaded
+    # server that has imported the stage modules once; a stage-2 worker imports Megatron on its first shard.
+    pool_context = mp.get_context("forkserver")
+    pool_context.set_forkserver_preload(["data_prep.tokenize_stage", "data_prep.assemble_stage"])
+    with pool_context.Pool(min(workers, len(tasks)), initializer=init_worker, initargs=(context,)) as pool:
         if after_fork is not None:
             after_fork()
         yield from pool.imap_unordered(fn, tasks)
@@ -231,9 +234,9 @@ def _assemble_outputs(cfg: BuildConfig, plan: BuildPlan, comm: Comm, context: Wo
             entries[name] = entry
     _log(comm, f"stage 2/2: writing {len(names)} outputs ({len(mine) - len(outputs_to_write)} complete on rank 0)")
     for wait in megatron_waits:
-        wait()  # before any fork below
+        wait()  # surfaces an import failure here, before any shard is written
     if outputs_to_write:
-        megatron_indexed()  # import once, before forking, so workers inherit it
+        megatron_indexed()  # a failed import is one error here, not one per worker
     tasks = [(name, prefixes[name], plan.work_dir, len(plan.units), valid, plan.fingerprint, plan.dtype)
              for name in outputs_to_write]
     total_tokens = sum(r["tokens"] for r in unit_records)
