@@ -110,7 +110,7 @@ def test_the_live_rank_writes_its_stacks_and_flight_recorder_beside_the_report(h
 
 @pytest.mark.slow
 def test_status_json_says_hung_with_the_line_and_runs_shows_it(hung):
-    from pretrain.experiments.runs import inspect_run
+    from pretrain.runs import inspect_run
 
     run_dir, _, _, err, _ = hung
     status = json.loads((run_dir / "status.json").read_text())
