@@ -109,9 +109,11 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     def long_section(name: str) -> Iterator[None]:
         """Checkpoint saves and validation may take the start-up timeout, in the watchdog and the groups."""
         distributed.set_timeout(60.0 * config.parallel.distributed_timeout_minutes)
-        with watchdog.phase(name):
-            yield
-        distributed.set_timeout(train_timeout_s)
+        try:
+            with watchdog.phase(name):
+                yield
+        finally:  # a failed save or validation must not leave the groups on the long timeout
+            distributed.set_timeout(train_timeout_s)
 
     sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=config.model.seq_length,
                             num_layers=config.model.num_layers, rotary_dim=config.model.rotary_dim,
