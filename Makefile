@@ -74,7 +74,7 @@ demo: $(VENV)/.installed-core
 # once), the SLURM cluster modules are one unit between them (tests/conftest.py), and the slowest units start first.
 TEST_WORKERS ?= 3
 PYTEST_WORKERS := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-# Every phase of `make test` is timed (tests/ci_phases.py) and the table printed against the budget (README).
+# Every phase of `make test` is timed (tests/ci_phases.py) and the table printed against the budget (docs/testing.md).
 TEST_BUDGET_MINUTES := 40
 PHASE_LOG := .test-phases.tsv
 PHASE := $(PYTHON) tests/ci_phases.py --log $(PHASE_LOG)
