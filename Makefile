@@ -81,22 +81,40 @@ slurm-two-nodes: system-deps
 demo: $(VENV)/.installed-core
 	$(BIN)/python -m pretrain demo --output demo_out
 
+# Parallel pytest (pytest-xdist, the dev extra): most of the suite's wall time is waiting (subprocess start-up,
+# daemons, timeouts), so 3 workers keep 2 cores busy. One work unit is a test module (its module-scoped fixtures run
+# once), the SLURM cluster modules are one unit between them (tests/conftest.py), and the slowest units start first.
+TEST_WORKERS ?= 3
+PYTEST_WORKERS := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# Every phase of `make test` is timed (tests/ci_phases.py) and the table printed against the budget (docs/testing.md).
+TEST_BUDGET_MINUTES := 40
+PHASE_LOG := .test-phases.tsv
+PHASE := $(PYTHON) tests/ci_phases.py --log $(PHASE_LOG)
+
 # The whole suite on the pinned megatron-core, then the newest tested one's part (test-newest-megatron).
-test: $(VENV)/.installed-test slurm-cluster slurm-two-nodes
-	$(BIN)/python -m pytest -q --durations=15
-	$(MAKE) test-newest-megatron
-	$(MAKE) test-megatron-matrix
+test:
+	@$(PHASE) start
+	@$(PHASE) run "install .venv and Debian packages" -- $(MAKE) --no-print-directory $(VENV)/.installed-test
+	@$(PHASE) run "start the local SLURM clusters" -- $(MAKE) --no-print-directory slurm-cluster slurm-two-nodes
+	@$(PHASE) run "whole suite, pinned megatron-core" -- \
+		$(BIN)/python -m pytest -q --durations=15 $(PYTEST_WORKERS)
+	@$(PHASE) run "install $(VENV_NEWEST)" -- $(MAKE) --no-print-directory $(VENV_NEWEST)/.installed
+	@$(PHASE) run "megatron-core $(MCORE_NEWEST): fast suite and checkpoint tests" -- \
+		$(MAKE) --no-print-directory test-newest-megatron
+	@$(PHASE) run "megatron-core $(filter-out $(MCORE_NEWEST),$(MCORE_MATRIX)): matrix tests" -- \
+		$(MAKE) --no-print-directory test-megatron-matrix
+	@$(PHASE) report --budget-minutes $(TEST_BUDGET_MINUTES)
 
 test-newest-megatron: $(VENV_NEWEST)/.installed
-	$(BIN_NEWEST)/python -m pytest -q -m "not slow" -p no:cacheprovider
-	$(BIN_NEWEST)/python -m pytest -q -m slow -p no:cacheprovider $(NEWEST_CHECKPOINT_TESTS)
+	$(BIN_NEWEST)/python -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_WORKERS)
+	$(BIN_NEWEST)/python -m pytest -q -m slow -p no:cacheprovider $(PYTEST_WORKERS) $(NEWEST_CHECKPOINT_TESTS)
 
 # MATRIX_TESTS on every minor of MCORE_MATRIX but the newest (test-newest-megatron covers it).
 test-megatron-matrix: $(foreach version,$(filter-out $(MCORE_NEWEST),$(MCORE_MATRIX)),.venv-mcore-$(version)/.installed)
 	set -e; for version in $(filter-out $(MCORE_NEWEST),$(MCORE_MATRIX)); do \
 	  echo "megatron-core $$version: MATRIX_TESTS"; \
-	  .venv-mcore-$$version/bin/python -m pytest -q -p no:cacheprovider $(MATRIX_DESELECT) $(MATRIX_TESTS); \
+	  .venv-mcore-$$version/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) $(MATRIX_DESELECT) $(MATRIX_TESTS); \
 	done
 
 clean:
-	rm -rf $(VENV) .venv-mcore-* demo_out
+	rm -rf $(VENV) .venv-mcore-* demo_out $(PHASE_LOG)

@@ -13,7 +13,7 @@ token ids. How Megatron-LM is obtained and run is bench_data_prep.py's (its docs
         [--tokenizer-json NAME=PATH ...] [--compare-backends] [--workdir DIR]
 
 The tokenizer.json files are trained here on the first 8 MB of the corpus, laid out like the real
-ones (data_prep/tokenizer_styles.py; benchmarks/README.md says what each reproduces): neox is
+ones (tests/data_prep/tokenizer_styles.py; benchmarks/README.md says what each reproduces): neox is
 GPT-NeoX-20B's layout (also Pythia's; 50,254 model tokens without the 13 byte tokens UTF-8 never
 needs, plus 23 added whitespace runs = 50,277), deepseek3 DeepSeek-V3's (three Split steps +
 ByteLevel, 1,283 added tokens; 50,000 model tokens instead of 128,000 to keep training short).
@@ -37,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "data_prep"))  # tokenizer_styles: test-only, not in the package
 
 from bench_data_prep import MEGATRON_WRAPPER, make_jsonl, make_tokenizer, peak_rss_run  # noqa: E402
 
@@ -46,7 +47,7 @@ STYLED = {"neox": 50254, "deepseek3": 50000}  # tokenizer.json styles trained he
 
 def make_styled(out_dir: str, corpus: str, style: str) -> str:
     """Train a `style` tokenizer.json on the first 8 MB of the corpus; returns its directory."""
-    from data_prep.tokenizer_styles import train_styled_tokenizer
+    from tokenizer_styles import train_styled_tokenizer
 
     texts, size = [], 0
     with open(corpus, encoding="utf-8") as fh:

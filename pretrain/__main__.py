@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from pretrain.console import quiet_known_warnings
 
     quiet_known_warnings()  # before Megatron is imported: its warnings fire at import time
+    import pretrain.tasks.source  # noqa: F401  registers the task data behind `data.task` with the trainer
 
     return getattr(importlib.import_module(module_name), function)(argv[1:])
 

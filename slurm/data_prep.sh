@@ -35,7 +35,10 @@ for arg in "$@"; do
     esac
 done
 
-# Project root: see slurm/common.sh — sbatch runs a spool copy of this file, so $0 is not enough.
+# sbatch runs a copy of this file from slurmd's spool directory, so inside a job $0 does not lead back
+# to the project: use POSAUG_ROOT, else this file's directory (bash, dry runs), else the path sbatch was
+# given (scontrol's Command=; the first line, as an array's last task shows every task), else the
+# submit directory.
 if [ -z "${POSAUG_ROOT:-}" ]; then
     for _dir in "$(dirname "${BASH_SOURCE[0]}")/.." \
                 "$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p' | head -n1)")/.." \

@@ -29,6 +29,53 @@ def pytest_configure(config):
         os.environ["POSAUG_CACHE_DIR"] = config.peak_cache_dir
 
 
+# ------------------------------------------------------------------ parallel workers (issue 43)
+# `make test` runs the suite on pytest-xdist workers with `--dist loadfile`: a work unit is one test module, so
+# its module-scoped fixtures (a tiny model trained once, a cluster job submitted once) run on one worker, except
+# that the modules submitting jobs to the local SLURM clusters form one unit: the clusters are shared daemons with
+# a node's worth of CPUs, so their jobs run one test at a time, as in a serial run. (xdist's own `loadgroup`
+# marks do not group on pytest 9, whose test ids no longer come from the attribute xdist rewrites.)
+CLUSTER_MODULES = frozenset({"tests/slurm/test_grid_on_cluster.py", "tests/slurm/test_slurm_cluster.py",
+                             "tests/slurm/test_slurm_hang.py", "tests/slurm/test_slurm_two_nodes.py"})
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent when a developer runs without pytest-xdist
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with the cluster modules as one work unit (see CLUSTER_MODULES)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndClusters(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "slurm clusters" if _module(nodeid) in CLUSTER_MODULES else _module(nodeid)
+
+    return ModulesAndClusters(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Check CLUSTER_MODULES against the `cluster` marks and start the slowest work first."""
+    marked = {_module(item.nodeid) for item in items if item.get_closest_marker("cluster")}
+    collected = {_module(item.nodeid) for item in items}
+    if marked != CLUSTER_MODULES & collected:
+        raise pytest.UsageError(f"tests/conftest.py CLUSTER_MODULES must list exactly the modules with "
+                                f"pytest.mark.cluster: {sorted(marked)}")
+    slow_modules = {_module(item.nodeid) for item in items if item.get_closest_marker("slow")}
+
+    def start_order(item) -> int:
+        # with --no-loadscope-reorder the workers take work in this order: the long serial cluster unit first
+        # (the critical path), then the modules that train, then the rest (file order within each)
+        if _module(item.nodeid) in CLUSTER_MODULES:
+            return 0
+        return 1 if _module(item.nodeid) in slow_modules else 2
+
+    items.sort(key=start_order)
+
+
 def pytest_unconfigure(config):
     """Remove the session's peak cache."""
     if getattr(config, "peak_cache_dir", None):

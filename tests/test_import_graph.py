@@ -17,19 +17,25 @@ PACKAGES = ("pretrain", "megatron_ext", "data_prep")
 # (floor, room, module prefixes). A module belongs to the room with the longest matching prefix; a prefix
 # ending in "$" is one module only (the `pretrain` package itself, so that a new subpackage is not housed by accident).
 # An import between two rooms must go to a strictly lower floor; rooms on one floor are independent.
+# A room is whole folders or top-level modules: a module carved out of a folder that another room holds would let
+# the modules below that folder import it (lazily or not) while the rest of its folder sits above them, which is how
+# the trainer reached the task suite and evaluation reached experiments before issue 43. The one carve-out:
+CARVED_OUT = {
+    "megatron_ext.cpu_compat": "the import shims data_prep needs too; no Megatron extension code",
+    "megatron_ext.versions": "the tested megatron-core range, read by data_prep's import shim",
+}
 ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (-1, "Megatron compat", ("megatron_ext.cpu_compat", "megatron_ext.versions")),
     (0, "positions", ("megatron_ext.positions",)),
     (0, "data", ("data_prep",)),
     (0, "console", ("pretrain.console",)),
-    (0, "tasks", ("pretrain.tasks",)),
     (1, "megatron extension", ("megatron_ext",)),
     (2, "sizes, methods, run names", ("pretrain.table", "pretrain.naming")),
     (3, "trainer", ("pretrain.trainer",)),
     (4, "hf interop", ("pretrain.hf",)),
-    (4, "run listing", ("pretrain.experiments.runs",)),
+    (4, "run discovery", ("pretrain.runs",)),
     (5, "evaluation", ("pretrain.evaluation",)),
-    (5, "task suite", ("pretrain.tasks.suite",)),
+    (5, "task suite", ("pretrain.tasks",)),
     (5, "plan", ("pretrain.plan",)),
     (6, "experiments", ("pretrain.experiments",)),
     (6, "entry points", ("pretrain$", "pretrain.__main__", "pretrain.selfcheck", "pretrain.selfcheck_reaches")),
@@ -166,6 +172,28 @@ def test_no_room_imports_a_room_on_its_floor_or_above():
             if here and there and there[1] != here[1] and there[0] >= here[0]:
                 upward.append(f"  {module} (floor {here[0]}, {here[1]}) -> {target} (floor {there[0]}, {there[1]})")
     assert not upward, "imports that do not go down a floor:\n" + "\n".join(upward)
+
+
+def test_no_room_is_a_module_carved_out_of_another_rooms_folder():
+    modules = _modules()
+    carved = []
+    for floor, room, prefixes in ROOMS:
+        for prefix in prefixes:
+            if prefix.endswith("$") or prefix not in modules or modules[prefix].name == "__init__.py":
+                continue  # the pretrain package itself, or a whole folder
+            folder = room_of(prefix.rpartition(".")[0])
+            folder_is_claimed = folder is not None and not any(
+                p == prefix.rpartition(".")[0] + "$" for _, r, ps in ROOMS if r == folder[1] for p in ps)
+            if folder_is_claimed and folder[1] != room and prefix not in CARVED_OUT:
+                carved.append(f"  {prefix} (floor {floor}, {room}) inside the folder of {folder[1]} (floor {folder[0]})")
+    assert not carved, "modules carved out of another room's folder; move them to a folder of their own:\n" + \
+        "\n".join(carved)
+
+
+def test_an_import_inside_a_function_is_an_edge_like_one_at_module_level():
+    source = (ROOT / "pretrain/evaluation/all_runs.py").read_text()
+    assert "\n    from pretrain.runs import discover\n" in source  # a lazy import, inside evaluate_all
+    assert "pretrain.runs" in import_graph()["pretrain.evaluation.all_runs"]
 
 
 def test_a_new_subpackage_is_in_no_room_until_it_is_placed():

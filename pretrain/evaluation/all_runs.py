@@ -45,7 +45,7 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
     from pretrain.evaluation.data import load_stream
     from pretrain.evaluation.record import evaluate
     from pretrain.evaluation.scorers import load_scorer
-    from pretrain.experiments.runs import discover
+    from pretrain.runs import discover
 
     root = Path(root)
     out = Path(out) if out is not None else root / "eval_records"

@@ -49,9 +49,23 @@ def render_config(size: str, method: str) -> str:
     return header + yaml.safe_dump(config_dict(size, method), sort_keys=False)
 
 
-# sbatch runs a copy of the launcher from slurmd's spool directory, so inside a job $0 does not lead
-# back to the project: the launcher finds it from POSAUG_ROOT, its own directory, scontrol's Command=,
-# or the submit directory, in that order.
+# The project-root discovery of every SLURM script (the launchers below; slurm/data_prep.sh and
+# slurm/reproduce_stage.sh carry the same text, checked by tests/experiments/test_generated_files.py). It cannot
+# live in a sourced file: finding that file is what it does.
+FIND_PROJECT_ROOT = r"""# sbatch runs a copy of this file from slurmd's spool directory, so inside a job $0 does not lead back
+# to the project: use POSAUG_ROOT, else this file's directory (bash, dry runs), else the path sbatch was
+# given (scontrol's Command=; the first line, as an array's last task shows every task), else the
+# submit directory.
+if [ -z "${POSAUG_ROOT:-}" ]; then
+    for _dir in "$(dirname "${BASH_SOURCE[0]}")/.." \
+                "$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p' | head -n1)")/.." \
+                "${SLURM_SUBMIT_DIR:-.}"; do
+        if [ -f "$_dir/slurm/common.sh" ]; then POSAUG_ROOT=$(cd "$_dir" && pwd); break; fi
+    done
+fi
+[ -f "${POSAUG_ROOT:-}/slurm/common.sh" ] || { echo "set POSAUG_ROOT to the project checkout" >&2; exit 2; }
+"""
+
 LAUNCHER = r"""#!/usr/bin/env bash
 #SBATCH --job-name=posaug-{size}-{method}
 #SBATCH --nodes={nodes}
@@ -82,20 +96,8 @@ set -euo pipefail
 MODEL_SIZE={size}
 METHOD={method}
 
-# sbatch runs a copy of this file from slurmd's spool directory, so inside a job $0 does not lead back
-# to the project: use POSAUG_ROOT, else this file's directory (bash, dry runs), else the path sbatch was
-# given (scontrol's Command=; the first line, as an array's last task shows every task), else the
-# submit directory.
 LAUNCHER_FILE=${{BASH_SOURCE[0]}}
-if [ -z "${{POSAUG_ROOT:-}}" ]; then
-    for _dir in "$(dirname "$LAUNCHER_FILE")/.." \
-                "$(dirname "$(scontrol show job "${{SLURM_JOB_ID:-none}}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p' | head -n1)")/.." \
-                "${{SLURM_SUBMIT_DIR:-.}}"; do
-        if [ -f "$_dir/slurm/common.sh" ]; then POSAUG_ROOT=$(cd "$_dir" && pwd); break; fi
-    done
-fi
-[ -f "${{POSAUG_ROOT:-}}/slurm/common.sh" ] || {{ echo "set POSAUG_ROOT to the project checkout" >&2; exit 2; }}
-[ -f "$LAUNCHER_FILE" ] && grep -q '^#SBATCH' "$LAUNCHER_FILE" || LAUNCHER_FILE=$POSAUG_ROOT/slurm/pretrain_{size}_{method}.sh
+{find_root}[ -f "$LAUNCHER_FILE" ] && grep -q '^#SBATCH' "$LAUNCHER_FILE" || LAUNCHER_FILE=$POSAUG_ROOT/slurm/pretrain_{size}_{method}.sh
 export POSAUG_ROOT
 source "$POSAUG_ROOT/slurm/common.sh" "$@"
 """
@@ -104,8 +106,8 @@ source "$POSAUG_ROOT/slurm/common.sh" "$@"
 def render_launcher(size: str, method: str) -> str:
     """Bash text of one shipped SLURM launcher."""
     slurm = SIZES[size].slurm
-    return LAUNCHER.format(size=size, method=method, nodes=slurm.nodes, gpus=slurm.gpus_per_node,
-                           cpus=slurm.cpus_per_task, time=slurm.time, lead=slurm.usr1_lead_s)
+    return LAUNCHER.format(size=size, method=method, find_root=FIND_PROJECT_ROOT, nodes=slurm.nodes,
+                           gpus=slurm.gpus_per_node, cpus=slurm.cpus_per_task, time=slurm.time, lead=slurm.usr1_lead_s)
 
 
 def generated_files(repo: Path = REPO) -> dict[Path, str]:

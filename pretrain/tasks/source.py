@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from pretrain.trainer.data import TaskDataSource, register_task_source
+
 from .generators import PAD, Example, example_at, get_task, keyed_rng, generate
 
 # Large enough that no run wraps around (the trainer indexes modulo len()).
@@ -94,3 +96,6 @@ def task_datasets(data, seq_length: int, seed: int) -> tuple[TaskSource, TaskSou
         return TaskSource(data.task, data.task_min_length, data.task_max_length, seq_length, seed, split=split)
 
     return stream("train"), stream("valid")
+
+
+register_task_source(TaskDataSource(check=check_task_config, datasets=task_datasets))  # the trainer's data.task

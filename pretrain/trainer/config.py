@@ -18,7 +18,7 @@ import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
 from pretrain.table import model_preset
-from pretrain.trainer.data import check_data_path
+from pretrain.trainer.data import check_data_path, task_source
 from megatron_ext.positions import PositionConfig
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"
@@ -34,7 +34,7 @@ class DataConfig:
     # several, as Megatron's --data-path: [w1, prefix1, w2, prefix2, ...]
     data_path: str | list | None = None
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
-    # An algorithmic task of pretrain.tasks (copy, reverse, sort, ...): fresh examples every step,
+    # An algorithmic task of the registered task source (pretrain.tasks: copy, reverse, sort, ...): fresh examples every step,
     # lengths ~ U{task_min_length..task_max_length}, loss on the answer tokens only.
     task: str | None = None
     task_min_length: int = 1
@@ -235,9 +235,7 @@ class TrainConfig:
             raise ValueError(f"optimizer.lr_warmup_iters ({self.optimizer.lr_warmup_iters}) must be smaller than the "
                              f"run's {self.train_iters()} iterations; lower it, e.g. --set optimizer.lr_warmup_iters=0")
         if self.data.task:
-            from pretrain.tasks.source import check_task_config
-
-            check_task_config(self.data, self.model)
+            task_source().check(self.data, self.model)
         elif not self.data.synthetic:
             if not self.data.data_path:
                 raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "

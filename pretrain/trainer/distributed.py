@@ -14,9 +14,13 @@ from __future__ import annotations
 #   group's timeout; torchtitan tightens its timeouts after the first step the same way.
 # - distributed_c10d._world.pg_map: every group this process belongs to, Megatron's included (Megatron keeps
 #   no list of the groups it creates).
+# - ProcessGroup._get_backend(device).options._timeout: a group's collective timeout, read back by
+#   `groups_off_timeout` to check the promise above (no public getter).
 
+import logging
 import os
 import socket
+import warnings
 from datetime import timedelta
 
 import torch
@@ -72,15 +76,54 @@ def initialize(parallel: ParallelConfig, seed: int) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def set_timeout(seconds: float) -> None:
-    """Give every process group of this rank (world and Megatron's) the collective timeout `seconds` + PG_GRACE_S."""
+def set_timeout(seconds: float) -> list[str]:
+    """Give every process group of this rank (world and Megatron's) the collective timeout `seconds` + PG_GRACE_S;
+    returns, and logs as a warning, each group left with another timeout and why."""
     from torch.distributed import distributed_c10d as c10d
 
+    wanted = timedelta(seconds=seconds + PG_GRACE_S)
+    errors: dict[str, str] = {}
     for group in list(c10d._world.pg_map):
         try:
-            c10d._set_pg_timeout(timedelta(seconds=seconds + PG_GRACE_S), group)
-        except (ValueError, AssertionError, RuntimeError):  # a group this rank is not in, or without a backend yet
-            pass
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # torch warns, and sets nothing, for a backend it cannot change
+                c10d._set_pg_timeout(wanted, group)
+        except (ValueError, AssertionError, RuntimeError, Warning) as error:
+            errors[_describe(group)] = str(error)
+    missed = [f"{name}: {now}" + (f" ({errors[name]})" if name in errors else "")
+              for name, now in groups_off_timeout(seconds).items()]
+    if missed:
+        logging.getLogger("pretrain").warning(
+            "could not give %d process group(s) the collective timeout %.0f s (%.0f s + %.0f s grace), so the hang "
+            "watchdog may not act before them: %s", len(missed), wanted.total_seconds(), seconds, PG_GRACE_S,
+            "; ".join(missed))
+    return missed
+
+
+def groups_off_timeout(seconds: float) -> dict[str, str]:
+    """{group: its timeout} of every process group of this rank whose collective timeout is not `seconds` +
+    PG_GRACE_S (the promise that the groups outlive the hang watchdog by PG_GRACE_S)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    wanted = seconds + PG_GRACE_S
+    off = {}
+    for group in list(c10d._world.pg_map):
+        timeouts = set()
+        for device in group._device_types:
+            try:
+                timeouts.add(group._get_backend(device).options._timeout.total_seconds())
+            except (AttributeError, RuntimeError):  # a backend without options: its timeout cannot be read
+                timeouts.add(float("nan"))
+        if timeouts != {wanted}:
+            off[_describe(group)] = ", ".join(f"{t:.0f} s" for t in sorted(timeouts))
+    return off
+
+
+def _describe(group) -> str:
+    from torch.distributed import distributed_c10d as c10d
+
+    name = getattr(group, "group_desc", "") or c10d._world.pg_names.get(group, "?")
+    return f"{name} {c10d.get_process_group_ranks(group)}"
 
 
 def seed_all(seed: int) -> None:

@@ -19,7 +19,7 @@ from data_prep.errors import FULL_OR_READ_ONLY, OutputError
 from megatron_ext.positions import build_sampler
 from pretrain.trainer import checkpoint, distributed, resume_check
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
-from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches
+from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches, task_source
 from pretrain.trainer.engine import Engine
 from pretrain.trainer.metrics import Metrics, config_summary
 from pretrain.trainer.stragglers import StepTimes
@@ -109,9 +109,11 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     def long_section(name: str) -> Iterator[None]:
         """Checkpoint saves and validation may take the start-up timeout, in the watchdog and the groups."""
         distributed.set_timeout(60.0 * config.parallel.distributed_timeout_minutes)
-        with watchdog.phase(name):
-            yield
-        distributed.set_timeout(train_timeout_s)
+        try:
+            with watchdog.phase(name):
+                yield
+        finally:  # a failed save or validation must not leave the groups on the long timeout
+            distributed.set_timeout(train_timeout_s)
 
     sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=config.model.seq_length,
                             num_layers=config.model.num_layers, rotary_dim=config.model.rotary_dim,
@@ -136,9 +138,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     gbs, mbs, seq = config.schedule.global_batch_size, config.schedule.micro_batch_size, config.model.seq_length
     eval_batches = config.logging.eval_iters
     if config.data.task:
-        from pretrain.tasks.source import task_datasets
-
-        train_data, valid_data = task_datasets(config.data, seq, config.seed)
+        train_data, valid_data = task_source().datasets(config.data, seq, config.seed)
     elif config.data.synthetic:
         train_data = SyntheticTokens(config.model.vocab_size, seq, config.seed, total_iters * gbs)
         valid_data = SyntheticTokens(config.model.vocab_size, seq, config.seed + 1, eval_batches * gbs)

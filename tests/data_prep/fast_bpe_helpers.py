@@ -7,7 +7,7 @@ import json
 import os
 import sysconfig
 
-from data_prep.tokenizer_styles import STYLES, train_styled_tokenizer
+from tokenizer_styles import STYLES, train_styled_tokenizer
 from test_data_prep_helpers import make_docs
 
 STDLIB = sysconfig.get_paths()["stdlib"]

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from data_prep.tokenizer_styles import STYLES
+from tokenizer_styles import STYLES
 from data_prep.tokenizers import load_tokenizer
 from fast_bpe_helpers import edited, reference_ids, styled_tokenizers, texts_to_check, write_abc_tokenizer
 

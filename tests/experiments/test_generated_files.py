@@ -2,7 +2,7 @@
 
 import pytest
 
-from pretrain.experiments.generate import generated_files
+from pretrain.experiments.generate import FIND_PROJECT_ROOT, REPO, generated_files
 
 GENERATED = generated_files()
 
@@ -16,3 +16,10 @@ def test_every_shipped_config_has_a_launcher_and_nothing_else_is_generated():
     configs = {p.stem for p in GENERATED if p.suffix == ".yaml"}
     launchers = {p.stem.removeprefix("pretrain_") for p in GENERATED if p.suffix == ".sh"}
     assert configs == launchers and len(configs) == 25
+
+
+@pytest.mark.parametrize("script", ["data_prep.sh", "reproduce_stage.sh"])
+def test_the_hand_written_slurm_scripts_find_the_project_root_as_the_launchers_do(script):
+    text = (REPO / "slurm" / script).read_text()
+    assert FIND_PROJECT_ROOT in text, f"slurm/{script}: paste pretrain/experiments/generate.py's FIND_PROJECT_ROOT"
+    assert text.count("POSAUG_ROOT=$(cd") == 1  # and no second copy of its own

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import REPO, TINY_TRAIN, run_train
 from pretrain.evaluation.cli import eval_cli
-from pretrain.experiments.runs import discover, main as runs_main
+from pretrain.experiments.runs import main as runs_main
+from pretrain.runs import discover
 
 pytestmark = [pytest.mark.slow]  # real training processes
 

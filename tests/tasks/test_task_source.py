@@ -74,3 +74,29 @@ def test_evaluation_examples_have_the_requested_length_and_differ_from_training(
     assert {e.length for e in examples} == {9}
     train = {TaskSource("reverse", 9, 9, 30, seed=0).example(i) for i in range(50)}
     assert not train & set(examples)
+
+
+# ---- the trainer's seam (issue 43): it knows task data only through the source pretrain.tasks registers
+
+
+def test_the_trainer_takes_task_data_from_the_registered_source():
+    from pretrain.trainer.data import task_source
+    from pretrain.tasks.source import check_task_config, task_datasets
+
+    assert task_source().check is check_task_config and task_source().datasets is task_datasets
+
+
+def test_a_task_config_without_a_registered_source_names_how_to_register_it():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = ("from pretrain.trainer import config\n"
+            "try:\n    config.load(None, ['preset=tiny', 'data.task=copy', 'model.vocab_size=64']).validate(1)\n"
+            "except ValueError as error:\n    print(error)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert "no task data source is registered" in proc.stdout and "import pretrain.tasks" in proc.stdout, proc.stderr
+    assert "pretrain.tasks" not in subprocess.run(
+        [sys.executable, "-c", "import sys; from pretrain.trainer import config, loop; print(sorted(sys.modules))"],
+        cwd=REPO, capture_output=True, text=True, timeout=120).stdout

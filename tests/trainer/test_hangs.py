@@ -110,7 +110,7 @@ def test_the_live_rank_writes_its_stacks_and_flight_recorder_beside_the_report(h
 
 @pytest.mark.slow
 def test_status_json_says_hung_with_the_line_and_runs_shows_it(hung):
-    from pretrain.experiments.runs import inspect_run
+    from pretrain.runs import inspect_run
 
     run_dir, _, _, err, _ = hung
     status = json.loads((run_dir / "status.json").read_text())
@@ -236,6 +236,38 @@ def test_the_timeouts_reach_every_process_group_megatrons_included(megatron_worl
         distributed.set_timeout(42)
         assert timeouts() == {42.0 + distributed.PG_GRACE_S}
     finally:
+        distributed.set_timeout(600)
+
+
+def test_after_set_timeout_every_process_group_outlives_the_watchdog_by_the_grace(megatron_world, caplog):
+    from torch.distributed import distributed_c10d as c10d
+
+    from pretrain.trainer import distributed
+
+    assert len(c10d._world.pg_map) >= 3  # the world and Megatron's groups, all of which the check reads
+    try:
+        with caplog.at_level("WARNING", logger="pretrain"):
+            assert distributed.set_timeout(42) == []
+        assert distributed.groups_off_timeout(42) == {} and not caplog.records
+    finally:
+        distributed.set_timeout(600)
+
+
+def test_a_process_group_on_another_timeout_is_named_with_its_timeout(megatron_world):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from pretrain.trainer import distributed
+
+    distributed.set_timeout(42)
+    late = dist.new_group([0], timeout=timedelta(seconds=7))  # created after the loop set the timeouts
+    try:
+        off = distributed.groups_off_timeout(42)
+        assert list(off.values()) == ["7 s"] and list(off)[0].endswith(" [0]")
+        assert distributed.set_timeout(42) == [] and distributed.groups_off_timeout(42) == {}
+    finally:
+        dist.destroy_process_group(late)
         distributed.set_timeout(600)
 
 

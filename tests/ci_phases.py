@@ -1,0 +1,103 @@
+"""`make test`'s phase clock: runs each phase (an install, a suite on one Megatron-Core), records its wall time and
+prints the table of phases against the CI budget, so that the growth of any phase is visible in every CI log.
+
+    python3 tests/ci_phases.py --log FILE start
+    python3 tests/ci_phases.py --log FILE run "NAME" -- COMMAND...   # exits with COMMAND's code
+    python3 tests/ci_phases.py --log FILE report --budget-minutes 40
+
+Standard library only: it runs before any virtual environment exists. A failing phase prints the table so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def load_average() -> str:
+    """The 1-minute load average (a phase's time means little without the machine's other load)."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "?"
+
+
+def read_phases(log: Path) -> list[tuple[str, float, int, str, str]]:
+    """(name, seconds, exit code, load at start, load at end) of every phase recorded in `log`."""
+    if not log.exists():
+        return []
+    phases = []
+    for line in log.read_text().splitlines():
+        name, seconds, code, load_start, load_end = line.split("\t")
+        phases.append((name, float(seconds), int(code), load_start, load_end))
+    return phases
+
+
+def table(log: Path, budget_minutes: float | None) -> str:
+    """The phase table: each phase's minutes and the machine's load around it, the total, and the budget."""
+    phases = read_phases(log)
+    width = max([len(name) for name, *_ in phases] + [len("total")])
+    lines = [f"{'phase':<{width}}  {'minutes':>7}  load (start/end)  result"]
+    for name, seconds, code, load_start, load_end in phases:
+        result = "ok" if code == 0 else f"FAILED (exit {code})"
+        lines.append(f"{name:<{width}}  {seconds / 60:>7.1f}  {load_start:>6} / {load_end:<6}   {result}")
+    total = sum(seconds for _, seconds, *_ in phases) / 60
+    lines.append(f"{'total':<{width}}  {total:>7.1f}")
+    if budget_minutes is not None:
+        verdict = "within" if total <= budget_minutes else "OVER"
+        lines.append(f"budget {budget_minutes:g} min on a quiet 2-core machine (CI's hard limit is 90): {verdict} "
+                     f"({total / budget_minutes:.0%} of it)")
+    return "\n".join(lines)
+
+
+def run_phase(log: Path, name: str, command: list[str]) -> int:
+    """Run one phase, append its time to `log`; on failure print the table so far. Returns the command's code."""
+    if "\t" in name or "\n" in name:
+        raise SystemExit(f"error: phase name {name!r} must not contain tabs or newlines")
+    print(f"==== phase: {name}", flush=True)
+    load_start, start = load_average(), time.monotonic()
+    try:
+        code = subprocess.call(command)
+    except OSError as error:
+        print(f"error: phase {name!r}: cannot run {command[0]!r}: {error.strerror}", file=sys.stderr)
+        code = 127
+    seconds = time.monotonic() - start
+    with log.open("a") as handle:
+        handle.write(f"{name}\t{seconds:.1f}\t{code}\t{load_start}\t{load_average()}\n")
+    print(f"==== phase: {name}: {seconds / 60:.1f} min{'' if code == 0 else f', exit {code}'}", flush=True)
+    if code != 0:
+        print(table(log, None), flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI above."""
+    parser = argparse.ArgumentParser(prog="tests/ci_phases.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--log", type=Path, required=True, help="the phase record of this `make test`")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("start", help="begin a new record (forget an earlier run's phases)")
+    run = verbs.add_parser("run", help="run one phase: NAME -- COMMAND...")
+    run.add_argument("name")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    report = verbs.add_parser("report", help="print the phase table")
+    report.add_argument("--budget-minutes", type=float, default=None)
+    args = parser.parse_args(argv)
+    if args.verb == "start":
+        args.log.write_text("")
+        return 0
+    if args.verb == "report":
+        print(table(args.log, args.budget_minutes))
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("error: run needs a command after the phase name: run NAME -- COMMAND...", file=sys.stderr)
+        return 2
+    return run_phase(args.log, args.name, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
