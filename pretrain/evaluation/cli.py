@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from data_prep.errors import OutputError, check_writable
+from data_prep.overlap import check_apart
 from megatron_ext.positions import ROPE_SCALING_KINDS
 
 from . import downstream, metrics, report
@@ -202,6 +203,15 @@ def _report(args) -> int:
     return 0
 
 
+def _inputs(args) -> dict:
+    """What an eval command reads, by flag (its --out must lie apart from them)."""
+    if args.command == "report":
+        return {f"record {path}": path for path in args.records}
+    named = {"MODEL": getattr(args, "model", None), "DIRECTORY": getattr(args, "directory", None),
+             "--data": getattr(args, "data", None), "--tokenizer": getattr(args, "tokenizer", None)}
+    return {flag: path for flag, path in named.items() if isinstance(path, str)}
+
+
 def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
     argv = list(argv)
@@ -212,6 +222,8 @@ def eval_cli(argv: list[str]) -> int:
     try:
         directory = getattr(args, "directory", None)  # `eval downstream` has none: its default is the run's
         out = args.out or (Path(directory) / "eval_records" if directory and Path(directory).is_dir() else None)
+        if out is not None:  # records and reports never go where the command reads from
+            check_apart(out, _inputs(args), "--out", inside_ok=args.command != "run")
         if args.command != "report" and out is not None:  # before hours of evaluation, not after
             check_writable(out, what="evaluation output directory", elsewhere="pass an --out on a larger disk",
                            then="rerun the same command")

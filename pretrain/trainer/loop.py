@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from data_prep.errors import FULL_OR_READ_ONLY, OutputError
 from megatron_ext.positions import build_sampler
-from pretrain.trainer import checkpoint, distributed, resume_check
+from pretrain.trainer import checkpoint, children, distributed, resume_check
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
 from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches
 from pretrain.trainer.engine import Engine
@@ -33,14 +33,19 @@ class TrainingStopped(RuntimeError):
 
 
 class StopSignal:
-    """Records SIGTERM/SIGUSR1 (SLURM's pre-timeout signal) so the loop can save and exit."""
+    """Records SIGTERM/SIGUSR1 (SLURM's pre-timeout signal) and SIGINT (Ctrl-C) so the loop can save and exit.
+
+    A second SIGINT gives up the stop save: KeyboardInterrupt, which main() reports in one line (exit 130)."""
 
     def __init__(self) -> None:
         self.received: str | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        self._pid = os.getpid()  # forked helpers inherit the handler; only the trainer gives up on a second Ctrl-C
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, _frame) -> None:
+        if signum == signal.SIGINT and self.received == "SIGINT" and os.getpid() == self._pid:
+            raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
 
     def any_rank(self) -> bool:
@@ -56,6 +61,7 @@ def train(config: TrainConfig) -> int:
     config.validate(world_size)  # before any process group exists
     resume_check.check_model_unchanged(config)  # before anything in the run directory is written
     stop = StopSignal()
+    children.install_fork_hook()  # forked checkpoint writers and data workers die with this process
     distributed.initialize(config.parallel, config.seed)
     lock = checkpoint.RunLock(config.run_dir)
     try:
@@ -286,3 +292,7 @@ def main(argv: list[str]) -> int:
     except OutputError as error:  # a write fault met by this rank alone (status.json, TensorBoard): say it here
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C: the stop save the first one asked for is abandoned
+        _print_error(ValueError(f"interrupted twice: the stop save was abandoned; "
+                                f"{checkpoint.resume_hint(config.run_dir)}"))
+        return 130
