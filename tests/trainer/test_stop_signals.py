@@ -98,7 +98,6 @@ def test_a_second_ctrl_c_abandons_the_stop_save_in_one_line_and_the_run_resumes_
     os.killpg(proc.pid, signal.SIGINT)
     output = proc.communicate(timeout=180)[0]
     assert proc.returncode == 130, output[-3000:]
-    assert not (run_dir / "iter_0000003").exists()
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "interrupted twice" in errors[0] and "rerun the same command" in errors[0], output
