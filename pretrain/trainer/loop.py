@@ -60,6 +60,7 @@ def train(config: TrainConfig) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config.validate(world_size)  # before any process group exists
     resume_check.check_model_unchanged(config)  # before anything in the run directory is written
+    _check_load(config)
     stop = StopSignal()
     children.install_fork_hook()  # forked checkpoint writers and data workers die with this process
     distributed.initialize(config.parallel, config.seed)
@@ -70,6 +71,23 @@ def train(config: TrainConfig) -> int:
     finally:
         lock.release()
         distributed.destroy()
+
+
+def _loads_from_run_dir(config: TrainConfig) -> bool:
+    """checkpoint.load names the run directory itself (Megatron-LM's --load = --save): resume there, or start
+    fresh while it holds no checkpoint."""
+    load = config.checkpoint.load
+    return bool(load) and Path(load).resolve() == config.run_dir.resolve()
+
+
+def _check_load(config: TrainConfig) -> None:
+    """checkpoint.load must name an intact checkpoint before anything is written (CheckpointError, exit 2)."""
+    if not config.checkpoint.load or _loads_from_run_dir(config):
+        return
+    try:
+        checkpoint.resolve(config.checkpoint.load)
+    except FileNotFoundError as error:
+        raise checkpoint.CheckpointError(f"checkpoint.load={config.checkpoint.load}: {error}") from None
 
 
 def _train(config: TrainConfig, stop: StopSignal) -> int:
@@ -134,7 +152,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
             for note in notes:
                 print(f"resume: {note}", flush=True)
             print(f"resumed from iteration {start} ({path})", flush=True)
-    elif config.checkpoint.load:
+    elif config.checkpoint.load and not _loads_from_run_dir(config):
         checkpoint.load(config.checkpoint.load, engine, load_optimizer=False)
         if rank == 0:
             print(f"initialised weights from {checkpoint.resolve(config.checkpoint.load)}", flush=True)

@@ -65,3 +65,18 @@ def test_vocab_smaller_than_the_datas_tokenizer_is_refused_before_the_model_is_b
                                     f"checkpoint.save={tmp_path / 'run'}"))
     assert "model.vocab_size is 500" in line and "512-token tokenizer" in line and "model.vocab_size=512" in line
     assert not (tmp_path / "run").exists(), "nothing is written for a refused config"
+
+
+def test_checkpoint_load_pointing_nowhere_is_refused_before_anything_is_written(tmp_path):
+    line = one_error_line(cli_train("data.synthetic=true", f"checkpoint.load={tmp_path / 'nowhere'}",
+                                    f"checkpoint.save={tmp_path / 'run'}"))
+    assert f"checkpoint.load={tmp_path / 'nowhere'}" in line and "holds no checkpoint" in line
+    assert not (tmp_path / "run").exists(), "no config.yaml or .lock for a refused start"
+
+
+def test_load_equal_to_save_on_an_empty_directory_starts_fresh(tmp_path):
+    run = tmp_path / "run"
+    proc = cli_train("data.synthetic=true", "schedule.train_iters=2", "optimizer.lr_warmup_iters=0",
+                     f"checkpoint.load={run}", f"checkpoint.save={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed" not in proc.stdout and (run / "latest_checkpointed_iteration.txt").read_text() == "2"
