@@ -203,6 +203,28 @@ def _report(args) -> int:
     return 0
 
 
+_AT_LEAST = {1: ("num_spans", "batch_size", "max_batch_tokens", "train_window", "gain_window", "kv_chunk", "passkey_n",
+                 "ruler_n", "length", "lengths", "context_gain", "passkey_lengths", "ruler_lengths", "context_length"),
+             0: ("in_start", "entropy_spans", "num_fewshot", "seed")}
+
+
+def _check_ranges(args) -> None:
+    """ValueError naming the flag when a count, length or size is out of range (--batch-size 0)."""
+    for least, names in _AT_LEAST.items():
+        for name in names:
+            value = getattr(args, name, None)
+            for item in (value if isinstance(value, list) else [value]):
+                if item is not None and item < least:
+                    flag = "--" + name.replace("_", "-")
+                    raise ValueError(f"{flag} must be {'positive' if least else 'zero or more'}, got {item}")
+    factor = getattr(args, "factor", None)
+    if factor is not None and not factor >= 1:  # also NaN
+        raise ValueError(f"--factor must be at least 1 (a context extension), got {factor}")
+    limit = getattr(args, "limit", None)
+    if limit is not None and not limit > 0:
+        raise ValueError(f"--limit must be positive (a count, or a fraction of each task), got {limit}")
+
+
 def _inputs(args) -> dict:
     """What an eval command reads, by flag (its --out must lie apart from them)."""
     if args.command == "report":
@@ -220,6 +242,7 @@ def eval_cli(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        _check_ranges(args)
         directory = getattr(args, "directory", None)  # `eval downstream` has none: its default is the run's
         out = args.out or (Path(directory) / "eval_records" if directory and Path(directory).is_dir() else None)
         if out is not None:  # records and reports never go where the command reads from
