@@ -7,6 +7,7 @@ import sys
 from typing import Optional
 
 from data_prep.errors import FULL_OR_READ_ONLY, naming_output, one_line
+from data_prep.overlap import check_apart
 from data_prep.units import FORMATS, NORMALIZE_RULES
 
 
@@ -81,6 +82,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command == "build":
             from data_prep.pipeline import BuildConfig, build
 
+            check_apart(args.output_prefix, [*(("--input", path) for path in args.input),
+                                             ("--tokenizer", args.tokenizer)], "--output-prefix")
             kw = {k: v for k, v in vars(args).items() if k != "command"}
             kw["inputs"] = kw.pop("input")
             build(BuildConfig(**kw))
@@ -88,6 +91,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command == "train-tokenizer":
             from data_prep.train_tokenizer import train_tokenizer
 
+            check_apart(args.output, [("--input", path) for path in args.input])
             with naming_output(args.output, what="tokenizer output", faults=FULL_OR_READ_ONLY, **_ELSEWHERE):
                 path = train_tokenizer(args.input, args.output, args.kind, args.vocab_size, args.sample_bytes,
                                        args.fmt, args.jsonl_key)

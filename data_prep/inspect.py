@@ -54,6 +54,7 @@ def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 2
             print(f"(no decoding: cannot load tokenizer {tok_path}: {e})")
     problems = 0
     all_lengths = []
+    unreadable: set[str] = set()
     if man:
         d = man["documents"]
         print(f"manifest: {d['read']} documents read = {d['written']} written + {d['skipped']} skipped "
@@ -69,6 +70,7 @@ def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 2
         for msg in issues:
             print(f"PROBLEM: {msg}")
         if any("missing" in m or "unreadable" in m for m in issues):
+            unreadable.add(p)
             continue
         ds = open_pair(p)
         lengths = np.asarray(ds.sequence_lengths, dtype=np.int64)
@@ -86,7 +88,7 @@ def inspect(prefix: str, tokenizer: Optional[str] = None, sample_tokens: int = 2
             hist, _ = np.histogram(L, bins=edges)
             print("histogram: " + ", ".join(f"[{a},{b}): {h}" for a, b, h in zip(edges[:-1], edges[1:], hist)))
     if tok is not None:
-        for p in prefixes:
+        for p in (p for p in prefixes if p not in unreadable):
             ds = open_pair(p)
             if len(ds):
                 ids = ds[0][:sample_tokens]

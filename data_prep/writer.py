@@ -91,12 +91,18 @@ def open_pair(prefix: str):
     return megatron_indexed().IndexedDataset(prefix, mmap=os.path.getsize(prefix + ".bin") > 0)
 
 
+INDEX_HEADER = b"MMIDIDX\x00\x00"  # the first bytes of every Megatron .idx (megatron.core.datasets.indexed_dataset)
+
+
 def check_pair(prefix: str) -> list[str]:
     """Consistency problems between `prefix.idx` and `prefix.bin` (empty list when sound)."""
     problems = []
     for ext in (".bin", ".idx"):
         if not os.path.exists(prefix + ext):
             return [f"missing {prefix + ext}"]
+    with open(prefix + ".idx", "rb") as index:
+        if index.read(len(INDEX_HEADER)) != INDEX_HEADER:  # checked here: Megatron's reader asserts, then its
+            return [f"{prefix}.idx unreadable: not a Megatron index (bad header: zeroed or overwritten)"]  # __del__ fails
     try:
         ds = open_pair(prefix)
     except Exception as e:  # malformed header / truncated index

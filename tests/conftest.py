@@ -4,6 +4,7 @@ session's MFU peak cache."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -252,3 +253,31 @@ def file_hashes(directory) -> dict[str, str]:
     directory = Path(directory)
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def wait_group_gone(pgid: int, timeout: float = 15) -> list[int]:
+    """The group's processes still alive after `timeout` seconds (none expected)."""
+    deadline = time.time() + timeout
+    while group_members(pgid) and time.time() < deadline:
+        time.sleep(0.1)
+    left = group_members(pgid)
+    for pid in left:  # never leave them running, whatever the test says
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left

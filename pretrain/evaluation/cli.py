@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from data_prep.errors import OutputError, check_writable
+from data_prep.overlap import check_apart
 from megatron_ext.positions import ROPE_SCALING_KINDS
 
 from . import downstream, metrics, report
@@ -202,6 +203,37 @@ def _report(args) -> int:
     return 0
 
 
+_AT_LEAST = {1: ("num_spans", "batch_size", "max_batch_tokens", "train_window", "gain_window", "kv_chunk", "passkey_n",
+                 "ruler_n", "length", "lengths", "context_gain", "passkey_lengths", "ruler_lengths", "context_length"),
+             0: ("in_start", "entropy_spans", "num_fewshot", "seed")}
+
+
+def _check_ranges(args) -> None:
+    """ValueError naming the flag when a count, length or size is out of range (--batch-size 0)."""
+    for least, names in _AT_LEAST.items():
+        for name in names:
+            value = getattr(args, name, None)
+            for item in (value if isinstance(value, list) else [value]):
+                if item is not None and item < least:
+                    flag = "--" + name.replace("_", "-")
+                    raise ValueError(f"{flag} must be {'positive' if least else 'zero or more'}, got {item}")
+    factor = getattr(args, "factor", None)
+    if factor is not None and not factor >= 1:  # also NaN
+        raise ValueError(f"--factor must be at least 1 (a context extension), got {factor}")
+    limit = getattr(args, "limit", None)
+    if limit is not None and not limit > 0:
+        raise ValueError(f"--limit must be positive (a count, or a fraction of each task), got {limit}")
+
+
+def _inputs(args) -> dict:
+    """What an eval command reads, by flag (its --out must lie apart from them)."""
+    if args.command == "report":
+        return {f"record {path}": path for path in args.records}
+    named = {"MODEL": getattr(args, "model", None), "DIRECTORY": getattr(args, "directory", None),
+             "--data": getattr(args, "data", None), "--tokenizer": getattr(args, "tokenizer", None)}
+    return {flag: path for flag, path in named.items() if isinstance(path, str)}
+
+
 def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
     argv = list(argv)
@@ -210,8 +242,11 @@ def eval_cli(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        _check_ranges(args)
         directory = getattr(args, "directory", None)  # `eval downstream` has none: its default is the run's
         out = args.out or (Path(directory) / "eval_records" if directory and Path(directory).is_dir() else None)
+        if out is not None:  # records and reports never go where the command reads from
+            check_apart(out, _inputs(args), "--out", inside_ok=args.command != "run")
         if args.command != "report" and out is not None:  # before hours of evaluation, not after
             check_writable(out, what="evaluation output directory", elsewhere="pass an --out on a larger disk",
                            then="rerun the same command")

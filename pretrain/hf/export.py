@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from data_prep.errors import human_bytes, naming_output
+from data_prep.overlap import check_apart
 from megatron_ext.model import ModelConfig
 from megatron_ext.positions import RopeScaling
 from pretrain.hf.model_card import model_card
@@ -288,6 +289,8 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     from pretrain.trainer import config as config_module
 
     output = Path(output)
+    check_apart(output, {"--checkpoint": checkpoint, "the checkpoint's run directory": ckpt.resolve(checkpoint).parent,
+                         "--tokenizer": tokenizer})
     check_output(output, overwrite)
     record = ckpt.read_train_state(checkpoint)
     train_config = config_module.from_dict(record["config"])

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from data_prep.errors import naming_output
+from data_prep.overlap import check_apart
 from megatron_ext.model import ModelConfig
 from pretrain.hf.export import check_output, publish
 from pretrain.hf.rope import hf_rope_parameters
@@ -214,6 +215,7 @@ def import_hf(hf_dir: str | Path, output: str | Path, *, tensor_parallel: int = 
     from pretrain.trainer.engine import Engine
 
     hf_dir, output = Path(hf_dir), Path(output)
+    check_apart(output, {"--hf": hf_dir})
     if not (hf_dir / "config.json").is_file():
         raise FileNotFoundError(f"{hf_dir}: no config.json (expected a Hugging Face model directory)")
     try:

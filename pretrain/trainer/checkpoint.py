@@ -2,7 +2,7 @@
 
 Layout of a run directory:
 
-    <save>/.lock                              flock held by rank 0 for a run's life (PID and host inside)
+    <save>/.lock                              POSIX lock held by rank 0 for a run's life (PID, host inside)
     <save>/config.yaml                        resolved config of the run
     <save>/latest_checkpointed_iteration.txt  a hint for Megatron tools; resume trusts the iter_* dirs
     <save>/iter_0000100/                      dist_checkpointing files (model + optimizer),
@@ -32,18 +32,14 @@ import torch
 import torch.distributed as dist
 
 from data_prep.errors import OutputError, human_bytes, output_error, probe_fault, write_fault
+from pretrain.trainer import children
 from pretrain.trainer.run_dir import (LATEST, MOVE_RUN, STATE, CheckpointError,  # noqa: F401 (re-exported)
                                       DamagedCheckpointError, Resume, RunLock, any_rank, checkpoints, file_record,
                                       iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
                                       read_train_state, resolve, resume_hint, run_output, set_aside_newer, verify)
 
-# Reaches into Megatron-Core internals (checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and 0.19.2):
-# - dist_checkpointing.strategies.filesystem_async.get_write_results_queue (public from 0.17.0; private
-#   _get_write_results_queue in 0.16; looked up by name, megatron_ext.versions.REACHES): the first
-#   save starts a multiprocessing Manager process that lives for the rest of the run. SLURM sends
-#   USR1/TERM to every process of a job step, so that process died on preemption and the save the
-#   signal asked for failed (BrokenPipeError). It is started here with those signals blocked; a
-#   child inherits the blocked mask, so the signal reaches only the trainer, which saves and exits.
+# Megatron's checkpoint helper processes (results-queue Manager, forked writers) are started shielded
+# from the job's stop signals and tied to the trainer's life in pretrain.trainer.children.
 
 class _ReportedBySave(logging.Filter):
     """Drops Megatron's log line for a failed checkpoint writer: save() raises it as one clear error."""
@@ -175,24 +171,6 @@ def _files_record(tmp: Path) -> dict:
     return {name: part[name] for part in parts for name in part}
 
 
-def _start_writer_process_shielded() -> None:
-    """Start Megatron's checkpoint-writer helper process with SIGUSR1/SIGTERM blocked (see the top)."""
-    import signal
-
-    from megatron_ext.versions import find
-
-    found = find("write_results_queue")  # public from 0.17, private before; absent: logged at model build
-    if found is None:
-        return
-    start_queue = found[1]
-    stop_signals = {signal.SIGUSR1, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    try:
-        start_queue()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int, *,
          run_dir_exists: bool = False) -> Path:
     """Collective: write checkpoint `iteration` atomically, then prune to the newest `keep_last`.
@@ -202,7 +180,7 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
     `run_dir_exists` (a training run, which made it) a vanished run directory is not recreated."""
     from megatron.core import dist_checkpointing
 
-    _start_writer_process_shielded()
+    children.start_checkpoint_helpers()
 
     run_dir = Path(run_dir)
     final, tmp = iteration_dir(run_dir, iteration), Path(f"{iteration_dir(run_dir, iteration)}.tmp")

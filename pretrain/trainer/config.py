@@ -18,7 +18,7 @@ import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
 from pretrain.table import model_preset
-from pretrain.trainer.data import check_data_path, task_source
+from pretrain.trainer.data import check_data_path, parse_blend, task_source
 from megatron_ext.positions import PositionConfig
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"
@@ -241,10 +241,27 @@ class TrainConfig:
                 raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "
                                  "(e.g. --set data.data_path=data/owt) or set data.synthetic=true")
             check_data_path(self.data.data_path)
+            self._check_vocab_covers_data()
         if self.logging.wandb is not None and self.logging.wandb.enabled:
             from pretrain.trainer.tracking import check_wandb
 
             check_wandb(self.logging.wandb)
+
+
+    def _check_vocab_covers_data(self) -> None:
+        """model.vocab_size must hold every id of the data's tokenizer (else an IndexError deep in torch, or
+        silent training on out-of-range ids once the TP padding covers them)."""
+        from data_prep.manifest import load_manifest
+
+        for _, prefix in parse_blend(self.data.data_path):
+            try:
+                tokens = load_manifest(prefix).vocab_size
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # an unreadable manifest is reported, with its fix, where the data is opened
+            if tokens > self.model.vocab_size:
+                raise ValueError(f"model.vocab_size is {self.model.vocab_size} but the data {prefix!r} was tokenized "
+                                 f"with a {tokens}-token tokenizer; pass --set model.vocab_size={tokens} (or more), "
+                                 "or data built with the model's tokenizer")
 
 
 SECTIONS = {"model": ModelConfig, "parallel": ParallelConfig, "positions": PositionConfig,
@@ -288,14 +305,41 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+               "list": "a list", "tuple": "a list", "None": "null"}
+
+
 def _coerce(section: str, spec: dataclasses.Field, value: Any) -> Any:
-    """Numbers written as strings ('3e-4' in YAML 1.1) become numbers; anything else passes through."""
+    """The field's value checked against its annotation (bool is not an int, [2] is not an int, an empty
+    `--set x=` is not a number); numbers written as strings ('3e-4' in YAML 1.1) become numbers."""
     kind = str(spec.type)
-    if isinstance(value, str) and ("float" in kind or "int" in kind) and "str" not in kind:
+    alternatives = [a.strip().split("[")[0] for a in kind.split("|")]
+    if any(a not in _TYPE_NAMES for a in alternatives):  # a nested section (WandbConfig): checked by its class
+        return value
+    if value is None and "None" in alternatives:
+        return value
+    if isinstance(value, str) and ("float" in alternatives or "int" in alternatives) and "str" not in alternatives:
         try:
-            return float(value) if "float" in kind else int(value)
+            return float(value) if "float" in alternatives else int(value)
         except ValueError:
-            raise ValueError(f"{section}.{spec.name} must be a number (got {value!r})") from None
+            pass
+    if isinstance(value, bool):
+        ok = "bool" in alternatives
+    elif isinstance(value, int):
+        ok = "int" in alternatives or "float" in alternatives
+        value = float(value) if ok and "int" not in alternatives else value
+    elif isinstance(value, float):
+        ok = "float" in alternatives
+    elif isinstance(value, str):
+        ok = "str" in alternatives
+    elif isinstance(value, (list, tuple)):
+        ok = "list" in alternatives or "tuple" in alternatives
+    else:
+        ok = False
+    if not ok:
+        wanted = " or ".join(dict.fromkeys(_TYPE_NAMES[a] for a in alternatives))
+        got = "nothing (an empty value)" if value is None else f"{value!r} ({type(value).__name__})"
+        raise ValueError(f"{section}.{spec.name} must be {wanted}, got {got}")
     return value
 
 
@@ -306,7 +350,15 @@ def from_dict(raw: dict) -> TrainConfig:
         raise ValueError(f"unknown config section(s) {sorted(unknown)}; allowed: "
                          f"{', '.join(TOP_LEVEL + tuple(SECTIONS))}")
     kwargs: dict[str, Any] = {k: raw[k] for k in TOP_LEVEL if k in raw}
+    if "seed" in kwargs and (isinstance(kwargs["seed"], bool) or not isinstance(kwargs["seed"], int)):
+        raise ValueError(f"seed must be an integer, got {kwargs['seed']!r}")
+    for key in ("name", "preset"):
+        if kwargs.get(key) is not None and not isinstance(kwargs[key], str):
+            raise ValueError(f"{key} must be a string, got {kwargs[key]!r}")
     for section, cls in SECTIONS.items():
+        if not isinstance(raw.get(section) or {}, dict):
+            raise ValueError(f"config section '{section}' must be a mapping of <field>: <value> lines, got "
+                             f"{raw[section]!r}")
         values = dict(raw.get(section) or {})
         names = {f.name for f in dataclasses.fields(cls)}
         bad = set(values) - names
@@ -322,6 +374,33 @@ def from_dict(raw: dict) -> TrainConfig:
     return TrainConfig(**kwargs)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file's content; a syntax error or a duplicate key is one ValueError naming the file and line."""
+    try:
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ValueError(f"config file {where}: {problem}; fix the YAML there") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path} is not UTF-8 text") from None
+
+
 def load(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (or start from defaults) and apply overrides."""
     raw: dict = {}
@@ -331,7 +410,7 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> TrainCo
             candidates = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
             raise ValueError(f"config file {path} not found; shipped configs are in {CONFIG_DIR}: "
                              f"{', '.join(candidates[:8])}{' ...' if len(candidates) > 8 else ''}")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path) or {}
         if not isinstance(raw, dict):
             raise ValueError(f"config file {path} must hold a mapping of sections")
     return from_dict(apply_overrides(raw, overrides or []))

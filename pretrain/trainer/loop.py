@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from data_prep.errors import FULL_OR_READ_ONLY, OutputError
 from megatron_ext.positions import build_sampler
-from pretrain.trainer import checkpoint, distributed, resume_check
+from pretrain.trainer import checkpoint, children, distributed, resume_check
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
 from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches, task_source
 from pretrain.trainer.engine import Engine
@@ -33,14 +33,19 @@ class TrainingStopped(RuntimeError):
 
 
 class StopSignal:
-    """Records SIGTERM/SIGUSR1 (SLURM's pre-timeout signal) so the loop can save and exit."""
+    """Records SIGTERM/SIGUSR1 (SLURM's pre-timeout signal) and SIGINT (Ctrl-C) so the loop can save and exit.
+
+    A second SIGINT gives up the stop save: KeyboardInterrupt, which main() reports in one line (exit 130)."""
 
     def __init__(self) -> None:
         self.received: str | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        self._pid = os.getpid()  # forked helpers inherit the handler; only the trainer gives up on a second Ctrl-C
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, _frame) -> None:
+        if signum == signal.SIGINT and self.received == "SIGINT" and os.getpid() == self._pid:
+            raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
 
     def any_rank(self) -> bool:
@@ -55,7 +60,9 @@ def train(config: TrainConfig) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config.validate(world_size)  # before any process group exists
     resume_check.check_model_unchanged(config)  # before anything in the run directory is written
+    _check_load(config)
     stop = StopSignal()
+    children.install_fork_hook()  # forked checkpoint writers and data workers die with this process
     distributed.initialize(config.parallel, config.seed)
     lock = checkpoint.RunLock(config.run_dir)
     try:
@@ -64,6 +71,23 @@ def train(config: TrainConfig) -> int:
     finally:
         lock.release()
         distributed.destroy()
+
+
+def _loads_from_run_dir(config: TrainConfig) -> bool:
+    """checkpoint.load names the run directory itself (Megatron-LM's --load = --save): resume there, or start
+    fresh while it holds no checkpoint."""
+    load = config.checkpoint.load
+    return bool(load) and Path(load).resolve() == config.run_dir.resolve()
+
+
+def _check_load(config: TrainConfig) -> None:
+    """checkpoint.load must name an intact checkpoint before anything is written (CheckpointError, exit 2)."""
+    if not config.checkpoint.load or _loads_from_run_dir(config):
+        return
+    try:
+        checkpoint.resolve(config.checkpoint.load)
+    except FileNotFoundError as error:
+        raise checkpoint.CheckpointError(f"checkpoint.load={config.checkpoint.load}: {error}") from None
 
 
 def _train(config: TrainConfig, stop: StopSignal) -> int:
@@ -130,7 +154,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
             for note in notes:
                 print(f"resume: {note}", flush=True)
             print(f"resumed from iteration {start} ({path})", flush=True)
-    elif config.checkpoint.load:
+    elif config.checkpoint.load and not _loads_from_run_dir(config):
         checkpoint.load(config.checkpoint.load, engine, load_optimizer=False)
         if rank == 0:
             print(f"initialised weights from {checkpoint.resolve(config.checkpoint.load)}", flush=True)
@@ -286,3 +310,7 @@ def main(argv: list[str]) -> int:
     except OutputError as error:  # a write fault met by this rank alone (status.json, TensorBoard): say it here
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C: the stop save the first one asked for is abandoned
+        _print_error(ValueError(f"interrupted twice: the stop save was abandoned; "
+                                f"{checkpoint.resume_hint(config.run_dir)}"))
+        return 130

@@ -9,6 +9,7 @@ is only a hint: resume takes the newest intact iter_* directory and says what it
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -268,10 +269,14 @@ def read_train_state(checkpoint: str | Path) -> dict:
 
 
 class RunLock:
-    """Exclusive flock on <run dir>/.lock, held by rank 0 for a training run's life.
+    """Exclusive POSIX record lock on <run dir>/.lock, held by rank 0 for a training run's life.
 
-    flock is released by the kernel when the process dies, so a killed run never leaves a stale lock.
-    Across nodes it needs a file system with working flock (NFSv4, Lustre mounted with -o flock)."""
+    The kernel releases it when the process dies, so a killed run never leaves a stale lock. A POSIX
+    lock (fcntl/lockf), not flock: a flock belongs to the open file, which forked children (Megatron's
+    checkpoint writers) inherit, so a writer outliving a killed trainer kept the run locked; a POSIX
+    lock belongs to the process and is not inherited. Its catch: closing *any* descriptor of the file
+    in the holding process drops it, so nothing else in a trainer opens `.lock`. Across nodes it needs
+    a file system with POSIX locks (NFS with lockd/NFSv4, Lustre mounted with -o flock)."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / ".lock"
@@ -283,8 +288,11 @@ class RunLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             handle = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as busy:
+            if busy.errno not in (errno.EACCES, errno.EAGAIN):
+                handle.close()
+                raise
             holder = handle.read().strip() or "a process that has not written its PID yet"
             handle.close()
             raise CheckpointError(f"run directory {self.path.parent} is in use by another training run ({holder}); "
@@ -301,7 +309,7 @@ class RunLock:
             handle, self._handle = self._handle, None
             try:
                 handle.close()
-            except OSError:  # the PID line's flush on a full disk; the kernel drops the flock anyway
+            except OSError:  # the PID line's flush on a full disk; the kernel drops the lock anyway
                 pass
 
 

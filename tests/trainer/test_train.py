@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TINY_TRAIN, run_train, tensorboard_scalars, wait_for_step
+from conftest import REPO, TINY_TRAIN, run_train, tensorboard_scalars, wait_for_step, wait_group_gone
 
 pytestmark = [pytest.mark.slow]  # training subprocesses, torchrun layouts
 
@@ -65,7 +65,7 @@ def test_parallel_layout_resumed_from_one_process_checkpoint_follows_the_same_lo
 def _start(overrides):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     return subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *overrides], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def test_kill_9_then_restart_continues_the_loss_curve_exactly(reference_run, tiny_shards, tmp_path):
@@ -75,6 +75,7 @@ def test_kill_9_then_restart_continues_the_loss_curve_exactly(reference_run, tin
     wait_for_step(proc, 5)  # the checkpoint of step 4 is complete once step 5 is logged
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
+    assert wait_group_gone(proc.pid) == [], "a checkpoint helper outlived the killed trainer"
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() in ("4", "5")
     resumed = run_train(overrides)
     assert "resumed from iteration" in resumed.stdout
@@ -89,7 +90,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_with_the_requeue_code(tiny_shards,
     proc = _start([*TINY_TRAIN, f"data.data_path={tiny_shards}", "schedule.train_iters=10000",
                    f"checkpoint.save={tmp_path}", "checkpoint.save_interval=100000"])
     wait_for_step(proc, 3)
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)  # as SLURM and a shell deliver it: to every process of the job
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == REQUEUE_EXIT_CODE, output[-2000:]
     saved = int((tmp_path / "latest_checkpointed_iteration.txt").read_text())

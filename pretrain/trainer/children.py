@@ -1,0 +1,107 @@
+"""The trainer's helper processes: shielded from the job's stop signals, and never outliving the trainer.
+
+SLURM (and a terminal's Ctrl-C) signal every process of a job step, not only the trainer. The
+trainer turns SIGTERM/SIGUSR1/SIGINT into "save and exit 75"; its helpers must neither die of those
+signals in the middle of that save nor outlive a trainer killed with SIGKILL (they would hold the
+run's memory, and, before the run lock became a POSIX lock, the lock itself):
+
+- forked children (Megatron's checkpoint writers, data workers) get PR_SET_PDEATHSIG=SIGKILL from an
+  at-fork hook, so the kernel kills them when the trainer dies;
+- Megatron's results-queue Manager server (a spawned process) sets the same in its initializer and
+  is born with the stop signals blocked (it ignores SIGINT itself);
+- multiprocessing's resource tracker is started first, inside the same shield: its start-up
+  *unblocks* SIGINT/SIGTERM in the caller (it restores with SIG_UNBLOCK, not the previous mask),
+  which is how the Manager used to be born with only SIGUSR1 blocked and died on SIGTERM. The
+  tracker ignores SIGINT/SIGTERM itself and exits when the last holder of its pipe is gone.
+
+Reaches into Megatron-Core internals (checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and 0.19.2):
+- dist_checkpointing.strategies.filesystem_async._results_queue, the module global behind
+  (_)get_write_results_queue (same name and meaning in all four): set here to a Manager queue whose
+  server dies with the trainer; Megatron creates it lazily only while it is None.
+
+This module imports only the standard library: the spawned Manager server imports it to run
+`die_with_parent`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGUSR1, signal.SIGINT})
+_PR_SET_PDEATHSIG = 1
+_hook_installed = False
+_manager = None  # the results queue's Manager: kept referenced so its server lives as long as the trainer
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    expected = parent_pid if parent_pid is not None else _parent_at_fork
+    if expected is not None and os.getppid() != expected:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+_parent_at_fork: int | None = None
+
+
+def _before_fork() -> None:
+    global _parent_at_fork
+    _parent_at_fork = os.getpid()
+
+
+def install_fork_hook() -> None:
+    """From now on every child forked by this process (not exec'ed subprocesses) dies with it."""
+    global _hook_installed
+    if not _hook_installed:
+        os.register_at_fork(before=_before_fork, after_in_child=die_with_parent)
+        _hook_installed = True
+
+
+@contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Children started inside are born with SIGTERM/SIGUSR1/SIGINT blocked (the mask is inherited)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def start_checkpoint_helpers() -> None:
+    """Start the resource tracker and Megatron's checkpoint results queue, shielded and tied to this process."""
+    global _manager
+    import multiprocessing
+    from multiprocessing import resource_tracker
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not hasattr(filesystem_async, "_results_queue"):  # renamed in some future version: its own start, shielded
+        from megatron_ext.versions import find
+
+        found = find("write_results_queue")
+        with stop_signals_blocked():
+            resource_tracker.ensure_running()
+        with stop_signals_blocked():
+            if found is not None:
+                found[1]()
+        return
+    if filesystem_async._results_queue is not None:
+        return
+    with stop_signals_blocked():
+        resource_tracker.ensure_running()  # first: it unblocks SIGINT/SIGTERM on its way out (see the top)
+    with stop_signals_blocked():
+        _manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+        _manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
+        filesystem_async._results_queue = _manager.Queue()

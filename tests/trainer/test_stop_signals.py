@@ -1,0 +1,119 @@
+"""Stop signals and kills as a cluster delivers them: to the trainer's whole process group, inside a save.
+
+SLURM signals every process of a job step and a terminal's Ctrl-C the whole foreground group, so each
+signal here goes to the group (os.killpg) while a checkpoint is being written (its iter_N.tmp exists and
+Megatron's helpers run). A stop signal ends with the stop save and exit 75, and the resumed run follows
+the uninterrupted loss curve bit for bit; a SIGKILL of the trainer leaves no helper process alive and
+no lock behind. Real `python -m pretrain train` runs of the tiny preset on synthetic tokens (~10 s each).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY_TRAIN, group_members, run_train, tensorboard_scalars, wait_group_gone
+
+RUN = [*TINY_TRAIN, "data.synthetic=true", "checkpoint.save_interval=1", "checkpoint.keep_last=3",
+       "logging.eval_interval=1000"]
+STEPS = 6
+
+
+def _overrides(run_dir: Path) -> list[str]:
+    return [*RUN, f"schedule.train_iters={STEPS}", f"checkpoint.save={run_dir}"]
+
+
+def _start(run_dir: Path) -> subprocess.Popen:
+    """The trainer as the leader of its own process group (as srun and a shell's job control start it)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *_overrides(run_dir)], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def wait_inside_save(proc: subprocess.Popen, run_dir: Path, iteration: int, helpers: int = 0,
+                     timeout: float = 240) -> None:
+    """Return while checkpoint `iteration` is being written (with at least `helpers` helper processes alive)."""
+    tmp, deadline = run_dir / f"iter_{iteration:07d}.tmp", time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if tmp.is_dir() and len(group_members(proc.pid)) > helpers:
+            return
+        time.sleep(0.002)
+    proc.kill()
+    raise AssertionError(f"never caught the save of iteration {iteration} in progress ({proc.poll()})")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The run the interrupted ones must reproduce exactly."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    run_train(_overrides(run_dir))
+    return run_dir
+
+
+def assert_same_curve(run_dir: Path, reference: Path) -> None:
+    for tag in ("train/loss", "train/grad_norm"):
+        expected, got = tensorboard_scalars(reference, tag), tensorboard_scalars(run_dir, tag)
+        assert sorted(got) == list(range(1, STEPS + 1)), (tag, sorted(got))
+        for step in range(1, STEPS + 1):
+            assert got[step] == expected[step], (tag, step)
+
+
+@pytest.mark.parametrize("sig", [
+    "SIGTERM",
+    pytest.param("SIGUSR1", marks=pytest.mark.slow),
+    pytest.param("SIGINT", marks=pytest.mark.slow),
+])
+def test_stop_signal_to_the_process_group_inside_a_save_saves_exits_75_and_resumes_bitwise(
+        uninterrupted, tmp_path, sig):
+    from pretrain.trainer.config import REQUEUE_EXIT_CODE
+
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir)
+    wait_inside_save(proc, run_dir, 2, helpers=1)
+    os.killpg(proc.pid, getattr(signal, sig))
+    output = proc.communicate(timeout=180)[0]
+    assert proc.returncode == REQUEUE_EXIT_CODE, output[-3000:]
+    for crash in ("Traceback", "BrokenPipeError", "EOFError", "KeyboardInterrupt"):
+        assert crash not in output, output[-3000:]
+    saved = int((run_dir / "latest_checkpointed_iteration.txt").read_text())
+    assert f"received {sig}: saved iteration {saved}, exiting with {REQUEUE_EXIT_CODE}" in output
+    assert wait_group_gone(proc.pid) == []
+    resumed = run_train(_overrides(run_dir))
+    assert f"resumed from iteration {saved}" in resumed.stdout
+    assert_same_curve(run_dir, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_abandons_the_stop_save_in_one_line_and_the_run_resumes_bitwise(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir)
+    wait_inside_save(proc, run_dir, 2, helpers=1)
+    os.killpg(proc.pid, signal.SIGINT)  # inside the periodic save of 2: step 3 runs, then the stop save of 3
+    wait_inside_save(proc, run_dir, 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    output = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 130, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "interrupted twice" in errors[0] and "rerun the same command" in errors[0], output
+    assert wait_group_gone(proc.pid) == []
+    run_train(_overrides(run_dir))
+    assert_same_curve(run_dir, uninterrupted)
+
+
+def test_kill_9_of_the_trainer_inside_a_save_leaves_no_helper_alive_and_no_lock(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir)
+    wait_inside_save(proc, run_dir, 2, helpers=2)  # the results-queue server and a forked writer at least
+    proc.send_signal(signal.SIGKILL)  # the trainer alone: its helpers must notice
+    proc.wait(timeout=30)
+    assert wait_group_gone(proc.pid) == [], "a checkpoint helper outlived the killed trainer"
+    assert f"PID {proc.pid} " in (run_dir / ".lock").read_text()  # the dead run's lock file is left ...
+    resumed = run_train(_overrides(run_dir))  # ... and taken over at once
+    assert "resumed from iteration" in resumed.stdout
+    assert_same_curve(run_dir, uninterrupted)
