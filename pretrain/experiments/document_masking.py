@@ -139,8 +139,9 @@ def write_report(out: Path, preset_name: str, preset: Preset, summary: dict, rec
     from pretrain.evaluation.report import plot_loss_curves
 
     plot = plot_loss_curves(records, out / "per_position_loss.png")
-    lines = [f"# Document masking and the cliff ({preset_name}: w={preset.window}, eval {preset.eval_length}, "
-             f"{preset.num_spans} spans, seeds {seeds})", "",
+    lines = [f"# Document masking and the cliff ({preset_name}: w={preset.window}, {preset.train_tokens:,} training "
+             f"tokens ({preset.train_iters} steps) per run, eval {preset.eval_length}, {preset.num_spans} spans, "
+             f"seeds {seeds})", "",
              "mean ± sd over seeds; SEs are span-level paired standard errors (mean over seeds). Reduction and "
              "penalty are against the same arm's baseline; 'docmask − plain' is the method's cliff with document "
              "masking minus without it (positive: masking grows the cliff).", "",
@@ -171,6 +172,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--output", default="reproduce_documents_out", help="working and report directory (resumable)")
     parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
     parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
+    parser.add_argument("--train-tokens", type=int, default=None,
+                        help="tokens per training run instead of the preset's (a shorter run on a busy machine)")
     parser.add_argument("--seeds", type=int, default=2, help="number of seeds (42, 137, 2024)")
     parser.add_argument("--seed", type=int, action="append", default=None,
                         help="train and evaluate only these seeds (repeatable; no report): one invocation per seed")
@@ -184,6 +187,12 @@ def main(argv: list[str]) -> int:
     out = Path(args.output)
     # G(C) needs a pass per target token and is not part of this question: skipped.
     preset = dataclasses.replace(PRESETS[args.preset], gain_spans=0)
+    if args.train_tokens is not None:
+        if args.train_tokens < preset.global_batch_size * preset.window:
+            print(f"error: --train-tokens must be at least one step ({preset.global_batch_size * preset.window} "
+                  f"tokens for {args.preset}; got {args.train_tokens})", file=sys.stderr)
+            return 2
+        preset = dataclasses.replace(preset, train_tokens=args.train_tokens)
     seeds = args.seed or list(SEEDS[: args.seeds])
     try:
         out.mkdir(parents=True, exist_ok=True)
