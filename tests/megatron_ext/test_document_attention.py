@@ -33,9 +33,12 @@ def _rfs_positions(documents: Documents) -> RopePositions:
     return sampler.training(1, S, first_sample=0, batch_size=2, documents=documents)
 
 
-@pytest.mark.parametrize("core_attention", ["sdpa", "megatron"])
-def test_a_tokens_logits_do_not_change_when_another_documents_tokens_change(megatron_world, core_attention):
-    model = _build(core_attention)
+@pytest.mark.parametrize("core_attention, fields", [("sdpa", {}), ("megatron", {}),
+                                                    ("sdpa", {"position_embedding_type": "alibi"}),
+                                                    ("sdpa", {"position_embedding_type": "none"})],
+                         ids=["sdpa", "megatron", "alibi", "nope"])
+def test_a_tokens_logits_do_not_change_when_another_documents_tokens_change(megatron_world, core_attention, fields):
+    model = _build(core_attention, **fields)
     positions = DOCUMENTS.offsets.float()
     before = _logits(model, TOKENS, positions, DOCUMENTS.attention_mask())
     changed = TOKENS.clone()
