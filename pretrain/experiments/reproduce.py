@@ -237,12 +237,8 @@ def with_methods(preset: Preset, methods: list[str] | None) -> Preset:
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain reproduce` (`--suite tasks`: the algorithmic task suite, pretrain.tasks.suite)."""
     suite = argparse.ArgumentParser(add_help=False)
-    suite.add_argument("--suite", choices=("lm", "tasks", "documents"), default="lm")
+    suite.add_argument("--suite", choices=("lm", "tasks"), default="lm")
     chosen, rest = suite.parse_known_args(argv)
-    if chosen.suite == "documents":  # the document-masking axis (pretrain.experiments.document_masking)
-        from pretrain.experiments.document_masking import main as documents_main
-
-        return documents_main(rest)
     if chosen.suite == "tasks":
         from pretrain.tasks.suite import main as tasks_main
 

@@ -4,7 +4,7 @@ import pytest
 
 from pretrain.experiments import document_masking as suite
 from pretrain.experiments.presets import PRESETS
-from pretrain.experiments.reproduce import main as reproduce_main
+from pretrain.experiments.ablations import reproduce_main
 
 PRESET = PRESETS["cpu-tiny"]
 
