@@ -12,7 +12,7 @@ VOCAB, S = 512, 64
 
 
 def synthetic(eod=VOCAB - 1):
-    return SyntheticTokens(VOCAB, S, seed=3, size=100, eod=eod)
+    return SyntheticTokens(VOCAB, S, seed=3, size=400, eod=eod)
 
 
 def test_synthetic_tokens_without_eod_are_unchanged_by_the_option():
@@ -21,9 +21,9 @@ def test_synthetic_tokens_without_eod_are_unchanged_by_the_option():
 
 
 def test_synthetic_documents_end_with_eod_about_four_times_a_window():
-    counts = [int((synthetic()[i]["tokens"] == VOCAB - 1).sum()) for i in range(100)]
+    counts = [int((synthetic()[i]["tokens"] == VOCAB - 1).sum()) for i in range(400)]
     assert 2 < sum(counts) / len(counts) < 6
-    assert min(counts) == 0 or max(counts) > 0  # windows without EOD exist among longer documents
+    assert min(counts) == 0  # some windows lie inside a document longer than the window
 
 
 def test_document_index_counts_the_eod_inputs_before_each_token():
