@@ -25,7 +25,7 @@ unfused THD RoPE (`_apply_rotary_pos_emb_thd`, the case freqs.size(0) == cu_seql
 indexes them per token. Shared-α strategies may instead pass one row [n >= max_seqlen] that
 every document uses from its start (α·arange): those angles suit the fused THD kernel too.
 Per-token angles need apply_rope_fusion=False and context_parallel_size=1 (refused otherwise);
-megatron-core 0.16.1 to 0.19.2 have the per-token case (checked in each).
+megatron-core 0.16.1 to 0.19.2 have the per-token case (tests pass on 0.16.1, 0.17.1, 0.19.2).
 
 Built with position_embedding_type="none" the model has no RoPE: NoPE ignores the positions;
 with `alibi=True` they become the ALiBi bias -m_h·|p_i - p_j|, handed to every layer as

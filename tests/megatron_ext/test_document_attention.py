@@ -3,9 +3,8 @@ the THD path of the RoPE hook (per-token angles from packed_seq_params)."""
 
 import pytest
 import torch
-from megatron.core.packed_seq_params import PackedSeqParams
 
-from megatron_ext.model import build_model
+from megatron_ext.model import build_model  # first: megatron_ext.cpu_compat lets megatron-core import on CPU
 from megatron_ext.positions import PositionConfig, RopePositions, build_sampler
 from megatron_ext.positions.documents import Documents
 from pretrain.table import model_preset as preset
@@ -82,8 +81,10 @@ def test_sdpa_takes_the_mask_without_falling_back_to_megatrons_path(megatron_wor
     _logits(_build("sdpa"), TOKENS, DOCUMENTS.offsets.float(), DOCUMENTS.attention_mask())
 
 
-def _packed(documents: Documents) -> PackedSeqParams:
+def _packed(documents: Documents):
     """THD parameters of the microbatch's documents, packed row after row."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
     lengths = [int(n) for row in range(documents.index.shape[0])
                for n in torch.unique_consecutive(documents.index[row], return_counts=True)[1]]
     cu_seqlens = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
@@ -148,6 +149,8 @@ def test_thd_refuses_per_token_angles_with_fused_rope(megatron_world):
 
 
 def test_packed_params_in_another_format_are_refused(megatron_world):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
     packed = PackedSeqParams(qkv_format="sbhd")
     with pytest.raises(ValueError, match="qkv_format='thd'"):
         _build().packed_rotary_angles_for(RopePositions(torch.arange(float(S))), packed)
