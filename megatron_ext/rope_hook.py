@@ -160,7 +160,9 @@ class FloatPositionGPTModel(GPTModel):
             raise ValueError("per-sample inverse frequencies (random_base per_sample) cannot be packed (THD): "
                              "use positions.granularity=per_step")
         positions = rope.positions.reshape(-1)
-        layers = None if rope.layer_positions is None else rope.layer_positions.reshape(rope.layer_positions.shape[0], -1)
+        layers = rope.layer_positions
+        if layers is not None:
+            layers = layers.reshape(layers.shape[0], -1)
         # One device sync per forward, as Megatron's own THD RoPE makes (cu_seqlens.tolist()).
         total = int(packed_seq_params.cu_seqlens_q[-1])
         if positions.numel() == total:

@@ -100,7 +100,7 @@ def _span_cliffs(record: dict) -> torch.Tensor:
 
 
 def summarise(records: list[dict], preset: Preset) -> dict:
-    """Per arm and method: the reproduction's summary (vs the arm's baseline), plus the docmask − plain cliff change."""
+    """Per arm and method: the reproduction's summary (vs the arm's baseline) and the docmask − plain cliff change."""
     from pretrain.evaluation.metrics import paired_reduction
     from pretrain.evaluation.report import mean_std
     from pretrain.experiments.reproduce import summarise as summarise_arm
@@ -154,9 +154,9 @@ def write_report(out: Path, preset_name: str, preset: Preset, summary: dict, rec
             e = summary.get(key)
             if e is None:
                 continue
-            lines.append(f"| {key} | {_fmt(e.get('in_dist'))} | {_fmt(e.get('ood'))} | {_fmt(e.get('cliff'))} | "
-                         f"{_fmt(e.get('cliff_se'))} | {_fmt(e.get('paired_reduction'))} | {_fmt(e.get('paired_se'))} | "
-                         f"{_fmt(e.get('penalty'))} | {_fmt(e.get('cliff_change'))} | {_fmt(e.get('cliff_change_se'))} |")
+            cells = [_fmt(e.get(k)) for k in ("in_dist", "ood", "cliff", "cliff_se", "paired_reduction", "paired_se",
+                                                "penalty", "cliff_change", "cliff_change_se")]
+            lines.append(f"| {key} | " + " | ".join(cells) + " |")
     lines += ["", f"![per-position loss]({plot.name})", ""]
     report = out / "report.md"
     write_text_atomic(report, "\n".join(lines), what="report")
