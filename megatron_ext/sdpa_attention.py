@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from typing import Iterator
 
 import torch
@@ -68,10 +69,21 @@ class SDPADotProductAttention(DotProductAttention):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         # Megatron's mask marks what is hidden; SDPA's boolean mask marks what is seen.
         context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if attention_mask is None else ~attention_mask,
+            q, k, v, attn_mask=None if attention_mask is None else _visible(attention_mask),
             is_causal=attention_mask is None, scale=self.softmax_scale,
             enable_gqa=self.num_attention_heads_per_partition != self.num_query_groups_per_partition)
         return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+_last_visible: tuple[weakref.ref, torch.Tensor] | None = None
+
+
+def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
+    """~attention_mask, computed once per mask tensor: every layer of a microbatch gets the same mask object."""
+    global _last_visible
+    if _last_visible is None or _last_visible[0]() is not attention_mask:
+        _last_visible = (weakref.ref(attention_mask), ~attention_mask)
+    return _last_visible[1]
 
 
 def _sdpa_mask_ok(attention_mask, seq_len: int) -> bool:
