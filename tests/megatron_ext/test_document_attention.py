@@ -154,3 +154,21 @@ def test_packed_params_in_another_format_are_refused(megatron_world):
     packed = PackedSeqParams(qkv_format="sbhd")
     with pytest.raises(ValueError, match="qkv_format='thd'"):
         _build().packed_rotary_angles_for(RopePositions(torch.arange(float(S))), packed)
+
+
+def test_sdpa_inverts_the_mask_once_per_microbatch_for_every_layer(megatron_world, monkeypatch):
+    from megatron_ext import sdpa_attention
+
+    masks = []
+    original = sdpa_attention.F.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return original(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(sdpa_attention.F, "scaled_dot_product_attention", recording)
+    model = _build("sdpa")
+    _logits(model, TOKENS, DOCUMENTS.offsets.float(), DOCUMENTS.attention_mask())
+    assert len(masks) == model.config.num_layers >= 2
+    assert all(mask is masks[0] for mask in masks)
+    assert torch.equal(masks[0], ~DOCUMENTS.attention_mask())
