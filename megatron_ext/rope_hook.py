@@ -17,6 +17,16 @@ positions to every stage for a given microbatch. Under context parallelism the c
 this CP rank's slice of the full-length positions (`megatron_ext.context_parallel`), the same
 zigzag slice as its tokens, so the angles here are already the rank's own.
 
+Packed (THD) sequences, the GPU path of document masking (`packed_seq_params` with qkv_format
+"thd", one packed row [1, T] of documents bounded by cu_seqlens): the caller passes positions
+for every packed token ([T] or [1, T], each document's own, e.g. the sampler's per-document
+positions flattened) and the hook hands Megatron per-token angles [T, 1, 1, d]; Megatron's
+unfused THD RoPE (`_apply_rotary_pos_emb_thd`, the case freqs.size(0) == cu_seqlens[-1])
+indexes them per token. Shared-α strategies may instead pass one row [n >= max_seqlen] that
+every document uses from its start (α·arange): those angles suit the fused THD kernel too.
+Per-token angles need apply_rope_fusion=False and context_parallel_size=1 (refused otherwise);
+megatron-core 0.16.1 to 0.19.2 have the per-token case (tests pass on 0.16.1, 0.17.1, 0.19.2).
+
 Built with position_embedding_type="none" the model has no RoPE: NoPE ignores the positions;
 with `alibi=True` they become the ALiBi bias -m_h·|p_i - p_j|, handed to every layer as
 Megatron's `attention_bias` (see megatron_ext.alibi_attention for the core attention).
@@ -34,6 +44,8 @@ from __future__ import annotations
 #   positions use exactly what arange positions would.
 # - DotProductAttention / TEDotProductAttention .softmax_scale (attention_logits_scaled): the
 #   one scalar both attention backends multiply the logits by; YaRN's factor goes there.
+# - megatron.core.models.common.embeddings.rope_utils._apply_rotary_pos_emb_thd (not called,
+#   relied on): it indexes angles per token when their length is cu_seqlens[-1] (0.16.1-0.19.2).
 
 import contextlib
 import functools
@@ -147,8 +159,35 @@ class FloatPositionGPTModel(GPTModel):
         if rope is None:
             return output
         if packed_seq_params is not None:
-            raise ValueError("float RoPE positions do not support packed (THD) sequences")
+            return (output[0], self.packed_rotary_angles_for(rope, packed_seq_params)) + tuple(output[2:])
         return (output[0], self.rotary_angles_for(rope)) + tuple(output[2:])
+
+    def packed_rotary_angles_for(self, rope: RopePositions, packed_seq_params) -> torch.Tensor:
+        """THD angles: per token [T, 1, 1, d] (or [num_layers, T, 1, 1, d]), or one shared row [n, 1, 1, d]."""
+        if packed_seq_params.qkv_format != "thd":
+            raise ValueError(f"float RoPE positions with packed_seq_params need qkv_format='thd' "
+                             f"(got {packed_seq_params.qkv_format!r})")
+        if self.config.context_parallel_size > 1:
+            raise ValueError("float RoPE positions on packed (THD) sequences need context_parallel_size=1")
+        if rope.inv_freq is not None and rope.inv_freq.dim() == 2:
+            raise ValueError("per-sample inverse frequencies (random_base per_sample) cannot be packed (THD): "
+                             "use positions.granularity=per_step")
+        positions = rope.positions.reshape(-1)
+        layers = rope.layer_positions
+        if layers is not None:
+            layers = layers.reshape(layers.shape[0], -1)
+        # One device sync per forward, as Megatron's own THD RoPE makes (cu_seqlens.tolist()).
+        total = int(packed_seq_params.cu_seqlens_q[-1])
+        if positions.numel() == total:
+            if self.config.apply_rope_fusion:
+                raise ValueError("per-token RoPE angles on packed (THD) sequences need apply_rope_fusion=False "
+                                 "(the fused THD kernel indexes angles from each sequence's start)")
+        elif rope.positions.dim() != 1 or positions.numel() < int(packed_seq_params.max_seqlen_q):
+            raise ValueError(f"packed (THD) positions must cover every packed token ({total}) or be one row of at "
+                             f"least max_seqlen_q={int(packed_seq_params.max_seqlen_q)} shared by every sequence "
+                             f"(got shape {list(rope.positions.shape)})")
+        return self.rotary_angles_for(RopePositions(positions, layer_positions=layers, inv_freq=rope.inv_freq,
+                                                    attention_factor=rope.attention_factor))
 
     def rotary_angles_for(self, rope: RopePositions) -> torch.Tensor:
         """Angles for all layers: [s, b|1, 1, d], or [num_layers, s, 1, 1, d] for per-layer positions."""

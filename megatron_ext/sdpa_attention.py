@@ -6,7 +6,9 @@ On CPU that is most of the gap to a plain PyTorch loop (benchmarks/bench_vs_torc
 flash kernel never materialises the scores. `SDPADotProductAttention` is the same module —
 same constructor, parameters, state dict and `softmax_scale` (which rope_hook rescales for
 YaRN) — whose forward calls SDPA for the case every run here uses: causal self-attention,
-sq == sk, no attention mask tensor, no dropout, vanilla softmax, no sliding window. Any other
+sq == sk, no dropout, vanilla softmax, no sliding window, and either no mask tensor or a boolean
+[b|1, 1, s, s] mask in Megatron's convention (True = masked; document masking's block-diagonal
+causal mask, which already holds the causal part, as Megatron's masked softmax expects). Any other
 call goes to Megatron's own forward unchanged, and so do calls that need the probabilities as
 a tensor (`materialized_probabilities`, for the attention-entropy metric). It is swapped in
 through the ModuleSpec (`model.core_attention`, default sdpa for `transformer_impl=local`);
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from typing import Iterator
 
 import torch
@@ -50,7 +53,7 @@ class SDPADotProductAttention(DotProductAttention):
     def _uses_sdpa(self, query, key, attention_mask, attn_mask_type, attention_bias, packed_seq_params) -> bool:
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         return (self._sdpa_capable and not self.materialize_probabilities
-                and mask_type == AttnMaskType.causal and attention_mask is None
+                and mask_type == AttnMaskType.causal and _sdpa_mask_ok(attention_mask, query.shape[0])
                 and attention_bias is None and packed_seq_params is None
                 and query.shape[0] == key.shape[0]
                 and not (self.training and self.attention_dropout.p > 0))
@@ -64,10 +67,30 @@ class SDPADotProductAttention(DotProductAttention):
         sq, b = query.shape[:2]
         # [s, b, heads, d] → [b, heads, s, d]: SDPA's layout; GQA groups are expanded by SDPA itself.
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        # Megatron's mask marks what is hidden; SDPA's boolean mask marks what is seen.
         context = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.softmax_scale,
+            q, k, v, attn_mask=None if attention_mask is None else _visible(attention_mask),
+            is_causal=attention_mask is None, scale=self.softmax_scale,
             enable_gqa=self.num_attention_heads_per_partition != self.num_query_groups_per_partition)
         return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+_last_visible: tuple[weakref.ref, torch.Tensor] | None = None
+
+
+def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
+    """~attention_mask, computed once per mask tensor: every layer of a microbatch gets the same mask object."""
+    global _last_visible
+    if _last_visible is None or _last_visible[0]() is not attention_mask:
+        _last_visible = (weakref.ref(attention_mask), ~attention_mask)
+    return _last_visible[1]
+
+
+def _sdpa_mask_ok(attention_mask, seq_len: int) -> bool:
+    """No mask, or a boolean [b|1, 1, s, s] one (shared by the heads) that SDPA can take as it is."""
+    return attention_mask is None or (
+        attention_mask.dtype == torch.bool and attention_mask.dim() == 4 and attention_mask.shape[1] == 1
+        and tuple(attention_mask.shape[2:]) == (seq_len, seq_len))
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ COMMANDS = {
     "export-hf": ("pretrain.hf.export", "export_cli", "checkpoint -> Hugging Face Llama directory"),
     "import-hf": ("pretrain.hf.importer", "import_cli", "Hugging Face Llama directory -> checkpoint"),
     "reproduce": ("pretrain.experiments.ablations", "reproduce_main",
-                  "paper-style comparison at CPU scale (--suite lm | tasks | ablations)"),
+                  "paper-style comparison at CPU scale (--suite lm | tasks | ablations | documents)"),
     "runs": ("pretrain.experiments.runs", "main", "list runs under a directory: size, method, seed, state"),
     "selfcheck": ("pretrain.selfcheck", "main", "first-contact check: versions, devices, a tiny training, GPU paths"),
     "plan": ("pretrain.plan.cli", "main", "memory per GPU, step time, wall clock and GPU-hours before a run starts"),

@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from . import documents as per_document
 from . import strategies
 from .config import PositionConfig
 from .rng import (PER_STEP, STREAM_ALPHA, STREAM_BASE, STREAM_EVAL, STREAM_LAYER_ALPHA,
@@ -79,7 +80,8 @@ class PositionSampler:
         return self.config.granularity == "per_sample" and self.config.strategy != "none"
 
     def training(self, step: int, seq_len: int, *, first_sample: int, batch_size: int,
-                 device: torch.device | str | None = None, lengths: torch.Tensor | None = None) -> RopePositions:
+                 device: torch.device | str | None = None, lengths: torch.Tensor | None = None,
+                 documents: per_document.Documents | None = None) -> RopePositions:
         """Positions of the `batch_size` sequences of step `step` whose global-batch indices start at `first_sample`.
 
         `lengths`: optional int tensor [batch_size], each sequence's real token count (1..seq_len;
@@ -91,6 +93,10 @@ class PositionSampler:
         Padding positions (j >= n) are finite: L for rfs / rpe, the row's own rule continued
         (tail: l) for warp. They are loss-masked and, under causal attention, attended to only
         by later padding tokens, so they never reach a real token.
+
+        `documents` (data.document_masking): where each window's documents lie; positions then
+        restart at every document and each strategy draws per document (megatron_ext.positions.documents);
+        positions are [b, s] and `lengths` is ignored (the data makes padding a document of its own).
         """
         if step < 0:
             raise ValueError(f"step must be >= 0 (got {step})")
@@ -106,6 +112,8 @@ class PositionSampler:
         device = _device(device)
         samples = range(first_sample, first_sample + batch_size) if self.needs_per_sample else None
         cfg = self.config
+        if documents is not None:
+            return self._per_document(step, seq_len, samples, documents.to(device), device)
         if samples is None or cfg.strategy not in ("rfs", "rpe", "warp"):
             lengths = None
         elif lengths is not None:
@@ -295,12 +303,59 @@ class PositionSampler:
         exponent = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
         return 1.0 / bases**exponent
 
-    def _posaug(self, step: int, seq_len: int, samples: range | None, device: torch.device) -> RopePositions:
+    def _per_document(self, step: int, seq_len: int, samples: range | None, documents: per_document.Documents,
+                      device: torch.device) -> RopePositions:
+        """Positions restarting at every document, each strategy's draws made per document: [b, s]."""
+        if tuple(documents.index.shape[-1:]) != (seq_len,):
+            raise ValueError(f"documents cover {documents.index.shape[-1]} tokens; the window has {seq_len}")
+        cfg = self.config
+        offsets = documents.offsets.to(torch.float32)
+        if cfg.strategy == "none":
+            return RopePositions(offsets)
+        if cfg.strategy == "posaug":
+            return self._posaug(step, seq_len, samples, device, base=offsets)
+        if cfg.strategy == "random_base":
+            return RopePositions(offsets, inv_freq=self._random_inv_freq(step, samples, device))
+        if cfg.strategy == "rfs":
+            uniforms = self._uniforms(step, samples, seq_len, STREAM_POSITIONS, device)
+            return RopePositions(per_document.rfs_document_positions(uniforms, documents, cfg.max_position))
+        if cfg.strategy == "rpe":
+            keys = self._uniforms(step, samples, cfg.max_position, STREAM_POSITIONS, device)
+            return RopePositions(per_document.rpe_document_positions(keys, documents))
+        if cfg.strategy == "warp":
+            head_alphas = None if cfg.head_alpha_fixed is not None else self._table("head_alphas", device)
+            return RopePositions(per_document.warp_document_positions(
+                self._document_draws(step, samples, seq_len, device), documents, p_head=cfg.p_head,
+                p_tail=cfg.p_tail, head_alphas=head_alphas, head_alpha_fixed=cfg.head_alpha_fixed,
+                tail_function=cfg.tail_function))
+        raise AssertionError(f"unhandled strategy {cfg.strategy!r}")  # guarded by PositionConfig
+
+    def _document_draws(self, step: int, samples: range | None, seq_len: int, device: torch.device) -> torch.Tensor:
+        """Warp's (kind, head α) uniforms per document ordinal: [s, 2] (per step) or [b, s, 2].
+
+        Document 0 takes the generator's first two draws, which the plain path takes, so a window
+        with one document is warped exactly as without document masking."""
+        def draws(sample: int) -> torch.Tensor:
+            generator = position_generator(self.seed, step, sample, device, STREAM_POSITIONS)
+            first = torch.rand(2, generator=generator, device=device)
+            rest = torch.rand(2 * (seq_len - 1), generator=generator, device=device)
+            return torch.cat([first, rest]).view(seq_len, 2)
+
+        if samples is None:
+            return draws(PER_STEP)
+        return torch.stack([draws(sample) for sample in samples])
+
+    def _posaug(self, step: int, seq_len: int, samples: range | None, device: torch.device,
+                base: torch.Tensor | None = None) -> RopePositions:
+        """α·i over `base` positions (arange, or [b, s] offsets within documents)."""
         mode = self.config.layer_mode
-        base = strategies.scaled_positions(seq_len, 1.0, device)
+        if base is None:
+            base = strategies.scaled_positions(seq_len, 1.0, device)
         if mode == "independent":
             alphas = self.sample_layer_alphas(step, device, samples)  # [L] or [L, b]
-            return RopePositions(base, layer_positions=alphas.unsqueeze(-1) * base)
+            # [L] -> [L, 1, ..., 1]; [L, b] -> [L, b, 1]: broadcast against base [s] or [b, s]
+            alphas = alphas.view(-1, *[1] * base.dim()) if alphas.dim() == 1 else alphas.unsqueeze(-1)
+            return RopePositions(base, layer_positions=alphas * base)
         if samples is None:
             scaled = base * self.sample_alpha(step)  # [s]
         else:

@@ -283,5 +283,9 @@ def reproduce_main(argv: list[str]) -> int:
     chosen, rest = suite.parse_known_args(argv)
     if chosen.suite == "ablations":
         return main(rest)
+    if chosen.suite == "documents":  # the document-masking axis (it imports reproduce too)
+        from pretrain.experiments.document_masking import main as documents
+
+        return documents(rest)
     return reproduce(argv)
 

@@ -39,6 +39,11 @@ class DataConfig:
     task: str | None = None
     task_min_length: int = 1
     task_max_length: int = 20
+    # Packed documents kept apart (Megatron's reset_attention_mask + reset_position_ids): attention
+    # masked at every EOD, positions restarting per document for every position strategy.
+    # Training only: validation and evaluation see plain windows, so their losses compare across runs.
+    document_masking: bool = False
+    eod_mask_loss: bool = False  # Megatron's name: no loss on EOD inputs (training)
 
 
 @dataclass
@@ -234,6 +239,8 @@ class TrainConfig:
         if self.optimizer.lr_warmup_iters >= self.train_iters():
             raise ValueError(f"optimizer.lr_warmup_iters ({self.optimizer.lr_warmup_iters}) must be smaller than the "
                              f"run's {self.train_iters()} iterations; lower it, e.g. --set optimizer.lr_warmup_iters=0")
+        if self.data.document_masking:
+            _check_document_masking(self)
         if self.data.task:
             task_source().check(self.data, self.model)
         elif not self.data.synthetic:
@@ -262,6 +269,16 @@ class TrainConfig:
                 raise ValueError(f"model.vocab_size is {self.model.vocab_size} but the data {prefix!r} was tokenized "
                                  f"with a {tokens}-token tokenizer; pass --set model.vocab_size={tokens} (or more), "
                                  "or data built with the model's tokenizer")
+
+
+def _check_document_masking(config: "TrainConfig") -> None:
+    """ValueError naming the fix when data.document_masking cannot run with this model or layout."""
+    if config.parallel.context_parallel_size > 1:
+        raise ValueError("data.document_masking=true with parallel.context_parallel_size > 1 is not supported "
+                         "(the block-diagonal mask is not sliced per CP rank); set context_parallel_size=1")
+    if config.model.transformer_impl != "local":
+        raise ValueError("data.document_masking=true needs model.transformer_impl=local (the [b, 1, s, s] mask path; "
+                         "the trainer does not pack THD sequences for Transformer Engine)")
 
 
 SECTIONS = {"model": ModelConfig, "parallel": ParallelConfig, "positions": PositionConfig,

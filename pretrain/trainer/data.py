@@ -64,10 +64,15 @@ class _TokenizerInfo:
 
 
 class SyntheticTokens:
-    """Uniform random tokens, a fixed function of (seed, index): for smoke runs and tests."""
+    """Uniform random tokens, a fixed function of (seed, index): for smoke runs and tests.
 
-    def __init__(self, vocab_size: int, seq_length: int, seed: int, size: int) -> None:
+    With `eod` (document masking or EOD loss masking on), documents: each token is EOD with
+    probability 4 / seq_length (about four documents per window, some longer than it, some
+    empty) and the other tokens never are."""
+
+    def __init__(self, vocab_size: int, seq_length: int, seed: int, size: int, eod: int | None = None) -> None:
         self.vocab_size, self.seq_length, self.seed, self.size = vocab_size, seq_length, seed, size
+        self.eod = eod
 
     def __len__(self) -> int:
         return self.size
@@ -75,6 +80,10 @@ class SyntheticTokens:
     def __getitem__(self, index: int) -> dict:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         tokens = torch.randint(0, self.vocab_size, (self.seq_length + 1,), generator=generator)
+        if self.eod is not None:
+            tokens = torch.where(tokens == self.eod, (self.eod + 1) % self.vocab_size, tokens)
+            ends = torch.rand(self.seq_length + 1, generator=generator) < 4 / self.seq_length
+            tokens = torch.where(ends, self.eod, tokens)
         return {"tokens": tokens[:-1], "labels": tokens[1:], "loss_mask": torch.ones(self.seq_length)}
 
 
@@ -177,10 +186,57 @@ def build_datasets(data_path: str | list, seq_length: int, seed: int, num_train:
     return train, valid
 
 
+class DocumentSamples:
+    """A source's samples with their documents (data.document_masking) and EOD loss masking (data.eod_mask_loss).
+
+    Megatron's GPTDataset conventions (reset_position_ids, reset_attention_mask, eod_mask_loss):
+    an EOD input ends its document, the next starts after it, and eod_mask_loss zeroes the loss
+    of every EOD input (its target is the next document's first token). `document_index` [s] is
+    each token's document ordinal in the window; the engine turns it into per-document positions
+    and one block-diagonal causal mask per microbatch. A right-padded task example's padding is a
+    document of its own (megatron_ext.positions.documents.document_index)."""
+
+    def __init__(self, source: SampleSource, eod: int, document_masking: bool, eod_mask_loss: bool) -> None:
+        self.source, self.eod = source, eod
+        self.document_masking, self.eod_mask_loss = document_masking, eod_mask_loss
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> dict:
+        from megatron_ext.positions.documents import document_index
+
+        sample = dict(self.source[index])
+        tokens = torch.as_tensor(sample["tokens"])
+        if self.eod_mask_loss:
+            sample["loss_mask"] = torch.as_tensor(sample["loss_mask"]).masked_fill(tokens == self.eod, 0.0)
+        if self.document_masking:
+            length = sample.get("position_length")
+            sample["document_index"] = document_index(
+                tokens[None], self.eod, None if length is None else torch.as_tensor(length).view(1))[0]
+        return sample
+
+
+def document_eod(data, vocab_size: int) -> int:
+    """The EOD id that ends documents in data (config.data): the data_prep tokenizer's, the task's <eos>,
+    or vocab_size - 1 for synthetic tokens."""
+    if data.task:
+        from pretrain.tasks.generators import EOS
+
+        return EOS
+    if data.synthetic:
+        return vocab_size - 1
+    from data_prep.manifest import load_manifest
+
+    # check_data_path makes every prefix of a blend share one tokenizer, hence one EOD.
+    return load_manifest(parse_blend(data.data_path)[0][1]).eod_id
+
+
 # position_length: the real (unpadded) input count of a right-padded sample; only variable-length
 # sources (pretrain.tasks) have it, and the engine hands it to the position sampler.
+# document_index: each token's document ordinal (data.document_masking; DocumentSamples).
 BATCH_KEYS = ("tokens", "labels", "loss_mask")
-OPTIONAL_BATCH_KEYS = ("position_length",)
+OPTIONAL_BATCH_KEYS = ("position_length", "document_index")
 
 
 def batches(source: SampleSource, first_sample: int, micro_batch_size: int,

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from megatron_ext import context_parallel
 from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
+from megatron_ext.positions.documents import Documents
 from pretrain.trainer.config import OptimizerSettings
 from pretrain.trainer.run_dir import any_rank
 
@@ -192,6 +193,10 @@ class _ForwardStep:
         tokens, labels, loss_mask = batch["tokens"], batch["labels"], batch["loss_mask"]
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         tokens, labels, loss_mask = tokens.to(device), labels.to(device), loss_mask.to(device)
+        # data.document_masking: positions restart per document and one block-diagonal causal mask
+        # [b, 1, s, s] serves every layer (on every pipeline stage, each reading its own batch).
+        documents = Documents(batch["document_index"].to(device)) if "document_index" in batch else None
+        attention_mask = None if documents is None else documents.attention_mask()
         microbatch = self.microbatches.get(id(model), 0)
         self.microbatches[id(model)] = microbatch + 1
         # Full-length positions first: a position depends on its place in the whole sequence.
@@ -202,13 +207,13 @@ class _ForwardStep:
             # position_length stays on the CPU: the sampler range-checks it without a device sync.
             positions = self.sampler.training(self.step, tokens.shape[1], first_sample=first_sample,
                                               batch_size=tokens.shape[0], device=device,
-                                              lengths=batch.get("position_length"))
+                                              lengths=batch.get("position_length"), documents=documents)
         if self.cp_group is not None:
             sliced = context_parallel.slice_batch({"tokens": tokens, "labels": labels, "loss_mask": loss_mask},
                                                   self.cp_group)
             tokens, labels, loss_mask = sliced["tokens"], sliced["labels"], sliced["loss_mask"]
             positions = context_parallel.slice_positions(positions, self.cp_group)
-        output = model(tokens, positions, None, labels=labels)
+        output = model(tokens, positions, attention_mask, labels=labels)
         cp_group = self.cp_group
 
         def loss_func(output_tensor: torch.Tensor):

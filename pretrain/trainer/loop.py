@@ -19,7 +19,8 @@ from data_prep.errors import FULL_OR_READ_ONLY, OutputError
 from megatron_ext.positions import build_sampler
 from pretrain.trainer import checkpoint, children, distributed, resume_check
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
-from pretrain.trainer.data import DataError, SyntheticTokens, build_datasets, step_batches, task_source
+from pretrain.trainer.data import (DataError, DocumentSamples, SyntheticTokens, build_datasets, document_eod,
+                                   step_batches, task_source)
 from pretrain.trainer.engine import Engine
 from pretrain.trainer.metrics import Metrics, config_summary
 from pretrain.trainer.stragglers import StepTimes
@@ -143,7 +144,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                             num_layers=config.model.num_layers, rotary_dim=config.model.rotary_dim,
                             rotary_base=config.model.rotary_base, total_steps=total_iters)
     engine = Engine(config.model, config.parallel, config.optimizer, total_iters,
-                    per_sample_positions=sampler.needs_per_sample)
+                    per_sample_positions=sampler.needs_per_sample or config.data.document_masking)
 
     start = 0
     if resume.candidates:
@@ -164,13 +165,19 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     if config.data.task:
         train_data, valid_data = task_source().datasets(config.data, seq, config.seed)
     elif config.data.synthetic:
-        train_data = SyntheticTokens(config.model.vocab_size, seq, config.seed, total_iters * gbs)
+        documents = config.data.document_masking or config.data.eod_mask_loss
+        train_data = SyntheticTokens(config.model.vocab_size, seq, config.seed, total_iters * gbs,
+                                     eod=document_eod(config.data, config.model.vocab_size) if documents else None)
         valid_data = SyntheticTokens(config.model.vocab_size, seq, config.seed + 1, eval_batches * gbs)
     else:
         with checkpoint.run_output(run_dir, run_dir / "data_cache", "the dataset index cache",
                                    faults=FULL_OR_READ_ONLY):  # the block reads the shards too
             train_data, valid_data = build_datasets(config.data.data_path, seq, config.seed, total_iters * gbs,
                                                     eval_batches * gbs, run_dir / "data_cache")
+
+    if config.data.document_masking or config.data.eod_mask_loss:
+        train_data = DocumentSamples(train_data, document_eod(config.data, config.model.vocab_size),
+                                     config.data.document_masking, config.data.eod_mask_loss)
 
     def save(iteration: int) -> None:
         with long_section(f"the save of checkpoint {iteration}"):

@@ -46,14 +46,28 @@ def sample(model, index: int) -> torch.Tensor:
     return torch.randint(0, model.vocab_size, (model.seq_length + 1,), generator=g)
 
 
-def rank_microbatches(model, step: int, dp_rank: int, per_rank: int, micro_batch_size: int) -> list[dict]:
+def with_documents(model, tokens: torch.Tensor) -> torch.Tensor:
+    """`tokens` with about four EOD-ended documents per window (data.document_masking), a fixed function of them."""
+    g = torch.Generator().manual_seed(int(tokens.sum()))
+    return torch.where(torch.rand(tokens.shape, generator=g) < 4 / model.seq_length, model.vocab_size - 1, tokens)
+
+
+def rank_microbatches(model, step: int, dp_rank: int, per_rank: int, micro_batch_size: int,
+                      document_masking: bool = False) -> list[dict]:
     """This DP rank's microbatches of `step`, in pretrain.trainer.data.step_batches' order."""
     first = step * GLOBAL_BATCH + dp_rank * per_rank
     out = []
     for start in range(first, first + per_rank, micro_batch_size):
         tokens = torch.stack([sample(model, i) for i in range(start, start + micro_batch_size)])
-        out.append({"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
-                    "loss_mask": torch.ones(micro_batch_size, model.seq_length)})
+        batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
+                 "loss_mask": torch.ones(micro_batch_size, model.seq_length)}
+        if document_masking:
+            from megatron_ext.positions.documents import document_index
+
+            tokens = torch.stack([with_documents(model, t) for t in tokens])
+            batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": batch["loss_mask"],
+                     "document_index": document_index(tokens[:, :-1], model.vocab_size - 1)}
+        out.append(batch)
     return out
 
 
@@ -127,6 +141,7 @@ def main():
     parser.add_argument("--micro-batch-size", type=int, default=1)
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--distributed-optimizer", action="store_true")
+    parser.add_argument("--document-masking", action="store_true", help="EOD-ended documents, masked apart")
     parser.add_argument("--out", required=True, help="torch.save file: {strategy: {losses, parameters}}")
     args = parser.parse_args()
     model = model_preset("tiny")
@@ -153,12 +168,13 @@ def main():
         # lr * g / |g|, turns reduction-order noise on near-zero gradients into 1e-5 weight changes.
         optimizer = OptimizerSettings(lr=1e-3, min_lr=1e-3, lr_decay_style="constant", clip_grad=0.0, adam_eps=1e-4)
         engine = Engine(model, parallel, optimizer,
-                        train_iters=args.steps, per_sample_positions=sampler.needs_per_sample)
+                        train_iters=args.steps,
+                        per_sample_positions=sampler.needs_per_sample or args.document_masking)
         if reference_state is not None:
             load_stage(engine, reference_state, first_layer)
         losses = []
         for step in range(args.steps):
-            data = rank_microbatches(model, step, dp_rank, per_rank, args.micro_batch_size)
+            data = rank_microbatches(model, step, dp_rank, per_rank, args.micro_batch_size, args.document_masking)
             result = engine.train_step(iter(data), sampler, step, len(data), args.micro_batch_size,
                                        model.seq_length)
             losses.append(result.loss)

@@ -47,6 +47,23 @@ def test_layout_trains_every_strategy_like_one_process(tmp_path_factory, single_
     assert_same_training(run_layout(tmp_path_factory, nproc, *layout), single_process)
 
 
+DOCUMENT_STRATEGIES = "none,posaug_independent,rfs_per_step,rpe,warp"
+
+
+@pytest.fixture(scope="module")
+def single_process_documents(tmp_path_factory):
+    return run_layout(tmp_path_factory, 1, "--document-masking", "--strategies", DOCUMENT_STRATEGIES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc, layout", [(2, ["--tp", "2"]), (2, ["--pp", "2"]), (2, [])],
+                         ids=["tp2", "pp2", "dp2"])
+def test_layout_trains_like_one_process_with_document_masking(tmp_path_factory, single_process_documents,
+                                                               nproc, layout):
+    got = run_layout(tmp_path_factory, nproc, "--document-masking", "--strategies", DOCUMENT_STRATEGIES, *layout)
+    assert_same_training(got, single_process_documents)
+
+
 def test_micro_batch_size_and_accumulation_do_not_change_per_sample_training(megatron_world):
     # In-process and fast: the micro-batch part of the global sample index, without torchrun.
     from pretrain.trainer import distributed
