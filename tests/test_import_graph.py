@@ -19,6 +19,7 @@ PACKAGES = ("pretrain", "megatron_ext", "data_prep")
 # An import between two rooms must go to a strictly lower floor; rooms on one floor are independent.
 ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (-1, "Megatron compat", ("megatron_ext.cpu_compat", "megatron_ext.versions")),
+    (-1, "command-line grammar", ("pretrain.cli",)),
     (0, "positions", ("megatron_ext.positions",)),
     (0, "data", ("data_prep",)),
     (0, "console", ("pretrain.console",)),

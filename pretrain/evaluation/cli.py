@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from pretrain.cli import Parser
 from data_prep.errors import OutputError, check_writable
 from megatron_ext.positions import ROPE_SCALING_KINDS
 
@@ -29,7 +30,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pretrain eval",
+    parser = Parser(prog="python -m pretrain eval",
                                      description="Evaluate RoPE position strategies (PosAug paper §3).")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="evaluate one model; writes a JSON record")
@@ -205,8 +206,9 @@ def _report(args) -> int:
 def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
     argv = list(argv)
-    if argv and argv[0] not in ("run", "all", "report", "downstream", "-h", "--help"):
-        argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`
+    if argv and argv[0] not in ("run", "all", "report", "downstream") and not argv[0].startswith("-") \
+            and os.path.exists(argv[0]):
+        argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...` (MODEL exists; `eval reprot` not)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

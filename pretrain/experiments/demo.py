@@ -15,12 +15,13 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from pretrain.cli import Parser
 from pretrain.experiments import reproduce
 
 
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain demo`."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain demo", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m pretrain demo", description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="demo_out", help="working directory (resumable)")
     parser.add_argument("--preset", default="cpu-small", choices=sorted(reproduce.PRESETS))
     args = parser.parse_args(argv)

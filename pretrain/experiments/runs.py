@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from pretrain.cli import Parser
 from pretrain.naming import method_name, size_name
 
 STALE_AFTER_S = 1800.0  # a "running" run on another host with no heartbeat for this long is reported failed
@@ -159,7 +160,7 @@ def format_table(runs: list[Run]) -> str:
 
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain runs`."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain runs", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m pretrain runs", description=__doc__.split("\n")[0])
     parser.add_argument("directory", help="a directory of run directories (or one run directory)")
     parser.add_argument("--stale-after", type=float, default=STALE_AFTER_S / 60, metavar="MIN",
                         help="minutes without a heartbeat after which a run on another host counts as failed")
