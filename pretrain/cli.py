@@ -40,6 +40,12 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        """As ArgumentParser's; an option given without help still shows its default."""
+        if "help" not in kwargs and kwargs.get("default") not in (None, False, [], argparse.SUPPRESS):
+            kwargs["help"] = "(default: %(default)s)"
+        return super().add_argument(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         """Exit 2 with one line; an unknown subcommand reads `unknown command X; choose from ...`."""
         match = re.fullmatch(r"argument (?:command|\{[^}]*\}): invalid choice: '(.*)' \(choose from (.*)\)", message)

@@ -236,9 +236,3 @@ def with_methods(preset: Preset, methods: list[str] | None) -> Preset:
         raise ValueError(f"unknown method(s) {unknown}; choose from {list(TRAINING_METHODS)}")
     return dataclasses.replace(preset, methods=("baseline", *[m for m in methods if m != "baseline"]))
 
-
-def main(argv: list[str]) -> int:
-    """CLI of `python -m pretrain reproduce --suite lm` (parsed in pretrain.experiments.reproduce_cli)."""
-    from pretrain.experiments.reproduce_cli import lm_main
-
-    return lm_main(argv)

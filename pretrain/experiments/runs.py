@@ -15,7 +15,6 @@ the trainer's `status.json` and its newest complete checkpoint:
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import socket

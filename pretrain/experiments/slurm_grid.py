@@ -60,11 +60,6 @@ def make_spec(args: argparse.Namespace) -> Spec:
         raise ValueError(f"--methods {' '.join(bad)}: the {args.preset} grid has methods {', '.join(methods_all)}")
     methods = ["baseline", *[m for m in methods_all if m in methods and m != "baseline"]]  # the paired reference
     seeds = seeds_of(args, flag_default=seeds)
-    for flag in ("corpus", "tokenizer"):
-        path = getattr(args, flag)
-        if path and not Path(path).exists():
-            raise ValueError(f"--{flag} {path} does not exist: give the path of an existing "
-                             f"{'corpus file or directory' if flag == 'corpus' else 'tokenizer'}")
     if args.gpu not in GPUS:
         raise ValueError(f"--gpu {args.gpu}: choose one of {', '.join(sorted(GPUS))}")
     if args.nodes is not None and args.nodes < 1:
@@ -85,6 +80,11 @@ def make_spec(args: argparse.Namespace) -> Spec:
             raise ValueError(f"--preset {args.preset} builds its own data under --output (its tokenizer too): "
                              "drop --data-prefix/--tokenizer, or use --preset paper")
         prefix = str(out / "data" / "shards" / "corpus")
+    for flag in ("corpus", "tokenizer"):
+        path = getattr(args, flag)
+        if path and not Path(path).exists():
+            raise ValueError(f"--{flag} {path} does not exist: give the path of an existing "
+                             f"{'corpus file or directory' if flag == 'corpus' else 'tokenizer'}")
     return Spec(preset=args.preset, out=str(out), sizes=tuple(sizes), methods=tuple(methods), seeds=tuple(seeds),
                 data_prefix=prefix, gpu=args.gpu, sets=tuple(args.set), corpus=args.corpus,
                 tokenizer=args.tokenizer, sbatch=tuple(shlex.split(args.sbatch or "")), mfu=args.mfu,
@@ -153,6 +153,9 @@ def main(argv: list[str]) -> int:
         spec = make_spec(args)
         text, refusals = plan_grid(spec)
         print(text, flush=True)
+        if not spec.cpu and not shards_ready(spec.data_prefix) and not (spec.corpus and spec.tokenizer):
+            print(f"# note: no shards at {spec.data_prefix} yet: a submission needs them there, or --corpus and "
+                  "--tokenizer to build them in a data_prep job first", flush=True)
         if refusals:
             more = f" (and {len(refusals) - 1} more run(s) of the grid)" if len(refusals) > 1 else ""
             print(f"error: the grid does not fit, nothing was submitted: {refusals[0]}{more}", file=sys.stderr)

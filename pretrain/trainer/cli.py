@@ -15,7 +15,24 @@ def parser() -> Parser:
     add_config(p)
     add_set(p, dest="overrides", help="override a config field")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--check", action="store_true",
+                   help="check the config, the data (manifest, shards, tokenizer vocabulary vs model.vocab_size) "
+                        "for WORLD_SIZE ranks and exit, without building the model (the launchers' pre-flight)")
     return p
+
+
+def check_data(config) -> None:
+    """ValueError naming the fix unless every data prefix is complete and its tokenizer fits model.vocab_size."""
+    from pretrain.trainer.data import check_build, parse_blend
+
+    if config.data.synthetic:
+        return
+    for _, prefix in parse_blend(config.data.data_path):
+        manifest = check_build(prefix, config.model.seq_length)
+        if manifest.vocab_size > config.model.vocab_size:
+            raise ValueError(f"data.data_path={prefix!r} was tokenized with {manifest.tokenizer_path} "
+                             f"({manifest.vocab_size:,} tokens) but model.vocab_size is {config.model.vocab_size:,}: "
+                             f"set model.vocab_size={manifest.vocab_size} or build the data with the model's tokenizer")
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +44,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from pretrain.trainer import config as config_module
+    from pretrain.trainer.data import DataError
     from pretrain.trainer.loop import run_cli
 
     try:
@@ -36,7 +54,11 @@ def main(argv: list[str]) -> int:
             print(f"iterations: {config.train_iters()} ({config.train_tokens():,} tokens)")
             return 0
         config.validate(int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError as error:
+        if args.check:
+            check_data(config)
+            print(f"check: config, data and layout are fine for {os.environ.get('WORLD_SIZE', '1')} rank(s)")
+            return 0
+    except (ValueError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return run_cli(config)

@@ -250,13 +250,6 @@ def _print_error(error: Exception) -> None:
         print(f"error: {error}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str]) -> int:
-    """CLI for `python -m pretrain train` (parsed in pretrain.trainer.cli)."""
-    from pretrain.trainer.cli import main as cli_main
-
-    return cli_main(argv)
-
-
 def run_cli(config: TrainConfig) -> int:
     """Train a validated config; the exit code (2 bad run directory/data, 1 stopped, 0 done)."""
     try:
