@@ -171,6 +171,17 @@ fi
 if [ "${SYNTHETIC_DATA:-0}" = 1 ]; then
     SETS+=("data.synthetic=true")
 fi
+# BUDGET: table1 (the shipped configs' tokens, the default) or chinchilla (20 tokens per parameter);
+# pretrain/plan/budget.py turns the name into schedule.train_tokens.
+if [ -n "${BUDGET:-}" ]; then
+    _budget_tokens=$(cd "$POSAUG_ROOT" && "$PYTHON" -c 'import sys
+from pretrain.plan.budget import budget_tokens
+try:
+    print(budget_tokens(sys.argv[1], sys.argv[2]))
+except ValueError as error:
+    sys.exit(f"BUDGET={sys.argv[2]}: {error}")' "$MODEL_SIZE" "$BUDGET") || _die "BUDGET=$BUDGET: see the line above (table1 or chinchilla)"
+    SETS+=("schedule.train_tokens=$_budget_tokens")
+fi
 # OVERRIDES: whitespace-separated key=value list (values without spaces); launcher arguments come last.
 read -r -a _OVERRIDES <<<"${OVERRIDES:-}"
 SETS+=("${_OVERRIDES[@]}" "${EXTRA_SETS[@]}")
@@ -227,6 +238,7 @@ cat <<SETTINGS
   TP / PP / DP    ${TP} / ${PP} / ${DP}
   rendezvous      env:// ${MASTER_ADDR}:${MASTER_PORT}
   requeue         $( [ "$REQUEUE" = 1 ] && echo "on exit code ${REQUEUE_EXIT_CODE}, and after a hang (at most ${MAX_HANG_REQUEUES} in a row)" || echo off)
+  budget          ${BUDGET:-table1 = schedule.train_tokens of the config}
   overrides       ${SETS[*]}
 SETTINGS
 printf '[posaug-slurm] command:'

@@ -113,8 +113,8 @@ def test_every_option_with_a_default_shows_it_in_help(monkeypatch, argv):
     for each in _parsers(parser):
         blocks = _help_blocks(each)
         for action in each._actions:
-            if (not action.option_strings or action.help == argparse.SUPPRESS
-                    or action.default in (None, False, [], argparse.SUPPRESS)):
+            if (not action.option_strings or action.help == argparse.SUPPRESS or action.nargs == 0
+                    or action.default in (None, False, [], argparse.SUPPRESS)):  # nargs 0: a switch
                 continue
             text = blocks[action.option_strings[0]]
             assert "default" in text, f"{each.prog} {action.option_strings[0]}: no default in help: {text!r}"

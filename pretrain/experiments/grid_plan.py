@@ -59,6 +59,7 @@ class Spec:
     sbatch: tuple[str, ...] = ()
     mfu: float | None = None
     nodes: int | None = None  # of every training job (None: the launcher's; CPU presets 1)
+    budget: str | None = None  # paper preset: pretrain.plan.budget name (None: the shipped configs' Table 1)
 
     @property
     def cpu(self) -> bool:
@@ -117,8 +118,10 @@ def train_config(spec: Spec, size: str, method: str):
                           Path(spec.out) / "runs" / f"{size}_{method}")
         raw = config_module.to_dict(base)
         return config_module.from_dict(config_module.apply_overrides(raw, list(spec.sets)))
+    from pretrain.plan.budget import budget_override
+
     return config_module.load(config_module.CONFIG_DIR / f"{size}_{method}.yaml",
-                              [f"data.data_path={spec.data_prefix}", *spec.sets])
+                              [f"data.data_path={spec.data_prefix}", *budget_override(size, spec.budget), *spec.sets])
 
 
 # ---- the plan ---------------------------------------------------------------------------------------------
@@ -131,7 +134,10 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
 
     args = argparse.Namespace(nodes=spec.nodes, gpus_per_node=None, dp=None, gpu=spec.gpu, mfu=spec.mfu,
                               allowance_gib=CONTEXT_ALLOWANCE_BYTES / GIB)
+    from pretrain.plan.budget import BUDGETS, budget_tokens, gpu_hours_at
+
     n = len(spec.seeds)
+    by_budget = dict.fromkeys(BUDGETS, 0.0)
     rows = [f"{'run':<22}{'GPUs':>6}{'peak/GPU':>13}{'fits':>6}{'steps':>9}{'wall/run':>13}{'GPU-h/run':>11}"
             f"{'seeds':>7}{'GPU-h':>10}{'jobs/run':>10}"]
     total, longest, serial, refusals, gpu_label = 0.0, 0.0, 0.0, [], spec.gpu
@@ -147,6 +153,9 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
             if not plan.fits:
                 refusals.append(one_line_refusal(plan).replace(plan.name, name, 1))
             total += plan.gpu_hours * n
+            if not spec.cpu:
+                for budget in BUDGETS:
+                    by_budget[budget] += gpu_hours_at(plan, budget_tokens(size, budget)) * n
             longest, serial = max(longest, plan.wall_seconds), serial + plan.wall_seconds * n
             jobs = "-"
             slurm = SIZES[size].slurm
@@ -156,6 +165,9 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
                         f"{plan.iterations:>9,}{duration(plan.wall_seconds):>13}{plan.gpu_hours:>11,.1f}{n:>7}"
                         f"{plan.gpu_hours * n:>10,.1f}{jobs:>10}")
     rows.append(f"{'total':<22}{'':>65}{len(spec.runs()):>7}{total:>10,.1f}")
+    if not spec.cpu:  # both budgets side by side, whichever this grid trains
+        rows.append(f"GPU-hours of this grid: {', '.join(f'{b} {h:,.1f}' for b, h in by_budget.items())} "
+                    f"(--budget {spec.budget or 'table1'} is what it submits; chinchilla = 20 tokens per parameter)")
     mfu = f"MFU {spec.mfu:.0%}" if spec.mfu else "the GPU's published Megatron MFU"
     where = "CPU nodes (the plan is what the same runs would take on the GPU)" if spec.cpu else "the launchers' nodes"
     text = "\n".join([f"plan: grid `{spec.preset}` on {gpu_label}, {mfu}, runs on {where}", *rows,

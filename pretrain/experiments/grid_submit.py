@@ -164,6 +164,8 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
                                           elsewhere="pass an --output on a larger disk", then="rerun")
                 else:
                     train_env["DATA_PREFIX"] = spec.data_prefix
+                    if spec.budget:
+                        train_env["BUDGET"] = spec.budget
                     launcher = ROOT / "slurm" / f"pretrain_{size}_{method}.sh"
                 if data_dep:
                     options += [f"--dependency=afterok:{data_dep}", "--kill-on-invalid-dep=yes"]

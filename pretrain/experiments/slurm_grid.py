@@ -60,6 +60,9 @@ def make_spec(args: argparse.Namespace) -> Spec:
         raise ValueError(f"--methods {' '.join(bad)}: the {args.preset} grid has methods {', '.join(methods_all)}")
     methods = ["baseline", *[m for m in methods_all if m in methods and m != "baseline"]]  # the paired reference
     seeds = seeds_of(args, flag_default=seeds)
+    if args.budget and args.preset != PAPER:
+        raise ValueError(f"--budget {args.budget}: budgets are of Table 1 sizes (--preset paper); CPU presets "
+                         "have their own steps")
     if args.gpu not in GPUS:
         raise ValueError(f"--gpu {args.gpu}: choose one of {', '.join(sorted(GPUS))}")
     if args.nodes is not None and args.nodes < 1:
@@ -88,7 +91,7 @@ def make_spec(args: argparse.Namespace) -> Spec:
     return Spec(preset=args.preset, out=str(out), sizes=tuple(sizes), methods=tuple(methods), seeds=tuple(seeds),
                 data_prefix=prefix, gpu=args.gpu, sets=tuple(args.set), corpus=args.corpus,
                 tokenizer=args.tokenizer, sbatch=tuple(shlex.split(args.sbatch or "")), mfu=args.mfu,
-                nodes=args.nodes)
+                nodes=args.nodes, budget=args.budget)
 
 
 def parser() -> Parser:
@@ -108,6 +111,9 @@ def parser() -> Parser:
     p.add_argument("--mfu", type=float, help="MFU the plan assumes (default: the GPU's published one)")
     p.add_argument("--nodes", type=int, help="nodes of every training job (default: each launcher's; CPU presets 1)")
     add_set(p, help="config override for every training run")
+    p.add_argument("--budget", choices=("table1", "chinchilla"), help="token budget of every run (paper preset): "
+                   "table1 = the paper's Table 1 tokens, chinchilla = 20 tokens per parameter (default: table1, "
+                   "the shipped configs')")
     p.add_argument("--data-prefix", help="paper: data_prep --output-prefix of the shards")
     p.add_argument("--corpus", help="paper: corpus for the data_prep job (when the shards are missing); CPU "
                    "presets: a corpus instead of the embedded one")

@@ -8,6 +8,7 @@ import math
 import sys
 
 from pretrain.cli import Parser, add_config, add_set, config_of
+from pretrain.plan.budget import BUDGETS, budget_override
 from pretrain.plan.hardware import CONTEXT_ALLOWANCE_BYTES, DEFAULT_GPU, GIB, GPUS
 from pretrain.plan.layout import PRECISION, RECOMPUTE, overrides, plan_for
 
@@ -37,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
                    help="GiB per GPU for the CUDA context, workspaces and NCCL buffers")
     p.add_argument("--slurm-time", help="the job's time limit (SLURM format): warn when the run needs longer")
     p.add_argument("--usr1-lead", type=int, default=0, help="seconds before --slurm-time the job saves (#SBATCH --signal)")
+    p.add_argument("--budget", choices=sorted(BUDGETS), help="token budget of a Table 1 size: "
+                   + "; ".join(f"{k} = {v}" for k, v in BUDGETS.items()) + " (default: the config's train_tokens)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--check", action="store_true", help="exit 2 with a one-line reason when the peak does not fit")
     p.add_argument("--sweep", action="store_true", help="every size x method of table.py: GPU-hours per run and total")
@@ -77,6 +80,8 @@ def run(argv: list[str]) -> int:
     if not path:
         raise ValueError("plan needs a CONFIG (a YAML file or a shipped name such as 113m_posaug), or --sweep")
     config = train_config.load(path, overrides(args))
+    if args.budget:
+        config = train_config.load(path, [*budget_override(config.preset or "", args.budget), *overrides(args)])
     plan = plan_for(config, args)
     warning = _time_warning(plan, args.slurm_time, args.usr1_lead) if args.slurm_time else None
     if args.json:

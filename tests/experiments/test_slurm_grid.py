@@ -85,7 +85,7 @@ def test_paper_dry_run_total_gpu_hours_are_plan_sweeps_times_the_seeds(paper_dry
     sweep = subprocess.run([PY, "-m", "pretrain", "plan", "--sweep"], cwd=REPO, capture_output=True, text=True,
                            timeout=600)
     assert sweep.returncode == 0, sweep.stderr
-    sweep_total = float(re.search(r"^total\s+([\d,.]+)$", sweep.stdout, re.M).group(1).replace(",", ""))
+    sweep_total = float(re.search(r"^total\s+([\d,.]+)\s+[\d,.]+$", sweep.stdout, re.M).group(1).replace(",", ""))
     runs, total = re.search(r"^total\s+(\d+)\s+([\d,.]+)\s*$", stdout, re.M).groups()
     assert int(runs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) * len(PAPER_SEEDS)
     assert float(total.replace(",", "")) == pytest.approx(3 * sweep_total, abs=0.15)  # both printed to 0.1
