@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # real SLURM daemons
 REPO = Path(__file__).resolve().parents[2]
 SLURM = REPO / "slurm"
 LOCAL_DIR = os.environ.get("SLURM_LOCAL_DIR", "/var/lib/slurm-local")
-CPU_JOB = ["--gpus-per-node=0", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=5"]
+CPU_JOB = ["--gpus-per-node=0", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=10"]  # > the USR1 lead
 
 
 def job_env(**extra: str) -> dict:
