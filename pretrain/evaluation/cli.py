@@ -207,8 +207,8 @@ def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
     argv = list(argv)
     if argv and argv[0] not in ("run", "all", "report", "downstream") and not argv[0].startswith("-") \
-            and os.path.exists(argv[0]):
-        argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...` (MODEL exists; `eval reprot` not)
+            and (os.sep in argv[0] or os.path.exists(argv[0])):
+        argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`; a bare `eval reprot` is refused
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
