@@ -6,20 +6,21 @@ import argparse
 import sys
 from typing import Optional
 
+from pretrain.cli import Parser  # one grammar with `python -m pretrain`
 from data_prep.errors import FULL_OR_READ_ONLY, naming_output, one_line
 from data_prep.overlap import check_apart
 from data_prep.units import FORMATS, NORMALIZE_RULES
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="data_prep", description=__doc__)
+    p = Parser(prog="python -m data_prep", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="tokenise a corpus into Megatron .bin/.idx shards")
     b.add_argument("--input", action="append", required=True, help="file or directory (repeatable)")
     b.add_argument("--tokenizer", required=True, help="tokenizer.json, dir with vocab.json+merges.txt, or .model")
     b.add_argument("--output-prefix", required=True, help="OUT/name -> OUT/name_00000_text_document.bin ...")
-    b.add_argument("--num-shards", type=int, default=1)
+    b.add_argument("--num-shards", type=int, default=1, help="training shards to write")
     g = b.add_mutually_exclusive_group()
     g.add_argument("--valid-fraction", type=float, default=None,
                    help="fraction of documents held out for validation (default 0.0005, at least 1 doc)")
@@ -47,7 +48,7 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even if complete outputs exist")
     b.add_argument("--mpi", dest="use_mpi", action="store_true", default=None,
                    help="use MPI (auto-detected under mpirun/srun)")
-    b.add_argument("--chunk-bytes", type=int, default=4 << 20, help="size of work units cut from plain files")
+    b.add_argument("--chunk-bytes", type=int, default=4 << 20, help="bytes per work unit cut from plain files")
     b.add_argument("--keep-work", action="store_true", help="keep intermediate work files after success")
     b.add_argument("--no-progress", dest="progress", action="store_false")
 
@@ -56,18 +57,18 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output", required=True, help="directory to save the tokenizer into")
     t.add_argument("--kind", required=True, choices=["sentencepiece-bpe", "sentencepiece-unigram", "bytelevel-bpe"])
     t.add_argument("--vocab-size", type=int, required=True)
-    t.add_argument("--sample-bytes", type=int, default=100_000_000)
+    t.add_argument("--sample-bytes", type=int, default=100_000_000, help="bytes of the corpus the tokenizer trains on")
     t.add_argument("--format", dest="fmt", default="auto", choices=FORMATS)
     t.add_argument("--jsonl-key", default="text")
 
     i = sub.add_parser("inspect", help="report on (and check) written shards")
     i.add_argument("prefix", help="output prefix (with manifest) or one shard prefix")
     i.add_argument("--tokenizer", default=None, help="tokenizer for the decoded sample (default: manifest's)")
-    i.add_argument("--sample-tokens", type=int, default=200)
+    i.add_argument("--sample-tokens", type=int, default=200, help="tokens of the decoded sample")
 
     e = sub.add_parser("embedded-corpus", help="write the no-download demo corpus from Python's stdlib")
     e.add_argument("--output", required=True)
-    e.add_argument("--max-bytes", type=int, default=5_000_000)
+    e.add_argument("--max-bytes", type=int, default=5_000_000, help="size limit of the corpus in bytes")
     return p
 
 

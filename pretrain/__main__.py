@@ -4,30 +4,36 @@ from __future__ import annotations
 
 import sys
 
+# command -> (module, function, one-line help). Modules are imported only for the command that runs, so
+# `python -m pretrain --help` imports nothing heavy; each command parses its arguments before importing torch.
 COMMANDS = {
-    "train": ("pretrain.trainer.loop", "main", "train a model (YAML config + --set overrides)"),
+    "train": ("pretrain.trainer.cli", "main", "train a model (config by name or YAML path, + --set overrides)"),
     "demo": ("pretrain.experiments.demo", "main", "the embedded CPU demo: baseline vs PosAug on a no-download corpus"),
     "eval": ("pretrain.evaluation", "eval_cli", "per-position loss, cliff, context gain, passkey"),
     "export-hf": ("pretrain.hf.export", "export_cli", "checkpoint -> Hugging Face Llama directory"),
     "import-hf": ("pretrain.hf.importer", "import_cli", "Hugging Face Llama directory -> checkpoint"),
-    "reproduce": ("pretrain.experiments.ablations", "reproduce_main",
-                  "paper-style comparison at CPU scale (--suite lm | tasks | ablations | documents)"),
+    "reproduce": ("pretrain.experiments.reproduce_cli", "main",
+                  "paper-style comparison (--suite lm | tasks | ablations | documents; --slurm: the grid as SLURM jobs)"),
     "runs": ("pretrain.experiments.runs", "main", "list runs under a directory: size, method, seed, state"),
     "selfcheck": ("pretrain.selfcheck", "main", "first-contact check: versions, devices, a tiny training, GPU paths"),
     "plan": ("pretrain.plan.cli", "main", "memory per GPU, step time, wall clock and GPU-hours before a run starts"),
 }
+USAGE = "usage: python -m pretrain <command> [options]   (python -m pretrain <command> --help: its options)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch to a subcommand."""
+    """Dispatch to a subcommand; an unknown one is refused naming the choices (exit 2)."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if not argv or argv[0] in ("-h", "--help"):
         lines = [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
-        print("usage: python -m pretrain <command> [options]\n\ncommands:\n" + "\n".join(lines))
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        print(f"{USAGE}\n\ncommands:\n" + "\n".join(lines))
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        from pretrain.cli import unknown_choice
+
+        print(f"{USAGE}\nerror: {unknown_choice('command', argv[0], list(COMMANDS))}", file=sys.stderr)
+        return 2
     module_name, function, _ = COMMANDS[argv[0]]
-    if argv[0] == "reproduce" and {"--slurm", "--slurm-stage"} & set(argv):  # the grid as SLURM jobs
-        module_name, function = "pretrain.experiments.slurm_grid", "main"
     import importlib
 
     from pretrain.console import quiet_known_warnings

@@ -315,7 +315,9 @@ def format_table(results: list[Check]) -> str:
 
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain selfcheck`; exit 1 when any check fails."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain selfcheck", description=__doc__.split("\n")[0])
+    from pretrain.cli import Parser
+
+    parser = Parser(prog="python -m pretrain selfcheck", description=__doc__.split("\n")[0])
     parser.add_argument("--cpu-only", action="store_true", help="skip the CUDA checks even on a GPU machine")
     args = parser.parse_args(argv)
     results = run_checks(cuda=not args.cpu_only)

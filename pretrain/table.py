@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from megatron_ext.model import ModelConfig
 
 EXTRAPOLATION = 8  # L = 8·w: RFS/RPE range, PosAug's b, and the reproduction's evaluation length
 PAPER_WINDOW = 2048
@@ -125,6 +124,8 @@ SHIPPED_METHODS = tuple(name for name, method in METHODS.items() if method.shipp
 
 def model_preset(name: str, **overrides) -> ModelConfig:
     """The named size's ModelConfig; keyword overrides win."""
+    from megatron_ext.model import ModelConfig  # here, not at the top: `--help` must not import torch
+
     if name not in SIZES:
         raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(SIZES)}")
     return ModelConfig(**{**SIZES[name].architecture, **overrides})

@@ -42,6 +42,7 @@ _config_value() {
 # (`--set a.b=c d.e=f` or bare `a.b=c`), appended after OVERRIDES so they win.
 DRY_RUN=${DRY_RUN:-0}
 EXTRA_SETS=()
+LAUNCHER_ARGS=("$@")  # the submit path hands these to sbatch unchanged
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run|--test-only) DRY_RUN=1 ;;
@@ -56,8 +57,12 @@ done
 
 IN_JOB=0
 [ -n "${SLURM_JOB_ID:-}" ] && IN_JOB=1
+# Outside a job and not a dry run: the submit path. Everything below is checked here, on the login node
+# (config, data, tokenizer vs vocabulary, the plan's memory fit), and only then is this same launcher
+# handed to sbatch with the same arguments (the environment travels with sbatch's default --export=ALL).
+SUBMIT=0
 if [ "$IN_JOB" = 0 ] && [ "$DRY_RUN" != 1 ]; then
-    _die "not inside a SLURM job: submit with 'sbatch $LAUNCHER_FILE' (or add --dry-run to just print)"
+    SUBMIT=1
 fi
 
 # ---- resolved settings (environment overrides, then #SBATCH/SLURM allocation, then defaults) --------
@@ -166,6 +171,17 @@ fi
 if [ "${SYNTHETIC_DATA:-0}" = 1 ]; then
     SETS+=("data.synthetic=true")
 fi
+# BUDGET: table1 (the shipped configs' tokens, the default) or chinchilla (20 tokens per parameter);
+# pretrain/plan/budget.py turns the name into schedule.train_tokens.
+if [ -n "${BUDGET:-}" ]; then
+    _budget_tokens=$(cd "$POSAUG_ROOT" && "$PYTHON" -c 'import sys
+from pretrain.plan.budget import budget_tokens
+try:
+    print(budget_tokens(sys.argv[1], sys.argv[2]))
+except ValueError as error:
+    sys.exit(f"BUDGET={sys.argv[2]}: {error}")' "$MODEL_SIZE" "$BUDGET") || _die "BUDGET=$BUDGET: see the line above (table1 or chinchilla)"
+    SETS+=("schedule.train_tokens=$_budget_tokens")
+fi
 # OVERRIDES: whitespace-separated key=value list (values without spaces); launcher arguments come last.
 read -r -a _OVERRIDES <<<"${OVERRIDES:-}"
 SETS+=("${_OVERRIDES[@]}" "${EXTRA_SETS[@]}")
@@ -222,6 +238,7 @@ cat <<SETTINGS
   TP / PP / DP    ${TP} / ${PP} / ${DP}
   rendezvous      env:// ${MASTER_ADDR}:${MASTER_PORT}
   requeue         $( [ "$REQUEUE" = 1 ] && echo "on exit code ${REQUEUE_EXIT_CODE}, and after a hang (at most ${MAX_HANG_REQUEUES} in a row)" || echo off)
+  budget          ${BUDGET:-table1 = schedule.train_tokens of the config}
   overrides       ${SETS[*]}
 SETTINGS
 printf '[posaug-slurm] command:'
@@ -263,8 +280,55 @@ else
     _log "plan: skipped (CPU run, no GPU memory to check)"
 fi
 
+# ---- pre-flight: config, data and tokenizer, before anything queues or any GPU is held --------------------
+# `train --check` loads the config as the trainer will, checks the layout for WORLD_SIZE ranks, the data
+# prefix (manifest and shards present, enough tokens) and that the data's tokenizer fits model.vocab_size.
+# The same check refuses the submit path, shows in the dry run, and ends a plain-sbatch job in its first
+# seconds, before the model is built.
+_PREFLIGHT_SETS=("${SETS[@]}")
+if [ "$IN_JOB" = 0 ] && [ "$DEVICE" = gpu ]; then
+    # a login node has no GPU: the distributed optimizer's device check is the job's (it runs this again)
+    _PREFLIGHT_SETS+=("parallel.use_distributed_optimizer=false")
+fi
+set +e
+_preflight=$(cd "$POSAUG_ROOT" && WORLD_SIZE=$WORLD_SIZE "$PYTHON" -m pretrain train --config "$CONFIG" --check \
+             --set "${_PREFLIGHT_SETS[@]}" 2>&1)
+_preflight_rc=$?
+set -e
+if [ "$_preflight_rc" != 0 ]; then
+    _reason=$(printf '%s\n' "$_preflight" | grep -v '^\s*$' | tail -n1)
+    if [ "$DRY_RUN" = 1 ]; then
+        _log "REFUSED (a submission would stop here, nothing queued): ${_reason}"
+    else
+        _die "refused before $( [ "$SUBMIT" = 1 ] && echo "submitting (nothing queued)" || echo "building the model"): ${_reason}"
+    fi
+else
+    _log "pre-flight: ${_preflight##*$'\n'}"
+fi
+
 if [ "$DRY_RUN" = 1 ]; then
     exit 0
+fi
+if [ "$SUBMIT" = 1 ]; then
+    command -v sbatch >/dev/null || _die "sbatch not found: run this on a SLURM login node (or add --dry-run)"
+    # --time: the plan's predicted wall clock x TIME_MARGIN + TIME_PAD_MIN (start-up, evaluation, the saves),
+    # at most the launcher's #SBATCH --time (a longer run continues in requeued jobs); SBATCH_TIMELIMIT wins.
+    _TIME_ARGS=()
+    if [ -z "${SBATCH_TIMELIMIT:-}" ] && [ "$DEVICE" = gpu ]; then
+        _wall=$(cd "$POSAUG_ROOT" && "$PYTHON" -m pretrain plan "$CONFIG" --gpu "$PLAN_GPU" --nodes "$NNODES" \
+                --gpus-per-node "$TASKS_PER_NODE" --json --set "${SETS[@]}" 2>/dev/null \
+                | "$PYTHON" -c 'import json, sys; print(int(json.load(sys.stdin)["wall_seconds"]))' 2>/dev/null || true)
+        if [ -n "$_wall" ]; then
+            _minutes=$(( (_wall * ${TIME_MARGIN_PERCENT:-120} / 100 + 59) / 60 + ${TIME_PAD_MIN:-20} ))
+            _cap=$(_sbatch_default time)
+            _cap_minutes=$(cd "$POSAUG_ROOT" && "$PYTHON" -c "import sys; from pretrain.plan.report import parse_slurm_time as p; print(int(p(sys.argv[1]) // 60))" "$_cap" 2>/dev/null || echo "$_minutes")
+            (( _minutes > _cap_minutes )) && _minutes=$_cap_minutes
+            _TIME_ARGS=("--time=$_minutes")
+            _log "--time=$_minutes min: the plan's ${_wall} s x ${TIME_MARGIN_PERCENT:-120}% + ${TIME_PAD_MIN:-20} min, at most the launcher's $_cap (SBATCH_TIMELIMIT=... to choose)"
+        fi
+    fi
+    _log "checks passed: submitting sbatch ${_TIME_ARGS[*]} $LAUNCHER_FILE ${LAUNCHER_ARGS[*]}"
+    exec sbatch "${_TIME_ARGS[@]}" "$LAUNCHER_FILE" "${LAUNCHER_ARGS[@]}"
 fi
 
 # ---- run ---------------------------------------------------------------------------------------------

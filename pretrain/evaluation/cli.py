@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from pretrain.cli import Parser
 from data_prep.errors import OutputError, check_writable
 from data_prep.overlap import check_apart
 from megatron_ext.positions import ROPE_SCALING_KINDS
@@ -30,7 +31,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pretrain eval",
+    parser = Parser(prog="python -m pretrain eval",
                                      description="Evaluate RoPE position strategies (PosAug paper §3).")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="evaluate one model; writes a JSON record")
@@ -68,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-tokenizer-mismatch", action="store_true",
                      help="evaluate even if the data's tokenizer differs from the run's")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    run.add_argument("--out", default="eval_results", help="directory for the JSON record")
+    run.add_argument("--output", "--out", dest="out", default="eval_results", help="directory for the JSON record")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     every = sub.add_parser("all", help="evaluate every finished run under a directory not evaluated yet")
@@ -83,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     every.add_argument("--max-batch-tokens", type=int, default=metrics.MAX_BATCH_TOKENS,
                        help="token budget per forward pass")
     every.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    every.add_argument("--out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
+    every.add_argument("--output", "--out", dest="out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
     every.add_argument("--no-progress", action="store_true", help="no progress lines")
     every.add_argument("--downstream", type=downstream.parse_tasks,
                        help="also lm-eval tasks for every finished run, e.g. hellaswag,arc_easy (see eval downstream)")
@@ -93,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
     rep.add_argument("records", nargs="+", help="record JSON files or directories of them")
-    rep.add_argument("--out", default="eval_report", help="output directory")
+    rep.add_argument("--output", "--out", dest="out", default="eval_report", help="output directory")
     rep.add_argument("--baseline", help="method or label of the baseline; every size is compared with its own "
                      "(default: 'baseline' when such runs exist)")
     rep.add_argument("--length", type=int, help="L_eval for the loss-curve and cliff-vs-size plots (default: largest)")
@@ -237,8 +238,9 @@ def _inputs(args) -> dict:
 def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
     argv = list(argv)
-    if argv and argv[0] not in ("run", "all", "report", "downstream", "-h", "--help"):
-        argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`
+    if argv and argv[0] not in ("run", "all", "report", "downstream") and not argv[0].startswith("-") \
+            and (os.sep in argv[0] or os.path.exists(argv[0])):
+        argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`; a bare `eval reprot` is refused
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

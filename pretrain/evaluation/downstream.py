@@ -298,7 +298,7 @@ def add_parser(sub) -> None:
                    help="HF directories with --rope-scaling: the training window (default: max_position_embeddings)")
     p.add_argument("--batch-size", type=_batch_size, default=8, help="lm-eval batch size, or 'auto' (default 8)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")
+    p.add_argument("--output", "--out", dest="out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")
 
 
 def run_cli(args) -> int:

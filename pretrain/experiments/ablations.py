@@ -248,44 +248,29 @@ def _tables(text: str) -> list[int]:
 
 def main(argv: list[str]) -> int:
     """CLI of `python -m pretrain reproduce --suite ablations`."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain reproduce --suite ablations",
+    from pretrain.cli import Parser, add_seeds, seeds_of
+
+    parser = Parser(prog="python -m pretrain reproduce --suite ablations",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="ablations_out", help="working and report directory (resumable)")
     parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
     parser.add_argument("--tables", type=_tables, default=sorted(TABLES), help="e.g. 5,6,11 (default: all, 5–11)")
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (42, 137, 2024, then 1, 2, ...)")
+    add_seeds(parser)
     parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="runs trained side by side, each with cores/jobs threads (default: cores)")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report of the runs already evaluated under --output; train nothing")
     args = parser.parse_args(argv)
-    for flag in ("seeds", "jobs"):
+    for flag in ("jobs",):
         if getattr(args, flag) < 1:
             print(f"error: --{flag} {getattr(args, flag)} must be >= 1", file=sys.stderr)
             return 2
     try:
-        report = run_suite(Path(args.output), PRESETS[args.preset], args.preset, args.tables, SEEDS[: args.seeds],
+        report = run_suite(Path(args.output), PRESETS[args.preset], args.preset, args.tables, seeds_of(args),
                            args.corpus, args.jobs, args.report_only)
     except (ValueError, FileNotFoundError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     _log(f"report: {report}")
     return 0
-
-
-def reproduce_main(argv: list[str]) -> int:
-    """`python -m pretrain reproduce`: `--suite ablations` here, every other suite in `reproduce.main`."""
-    from pretrain.experiments.reproduce import main as reproduce
-
-    suite = argparse.ArgumentParser(add_help=False)
-    suite.add_argument("--suite", default="lm")
-    chosen, rest = suite.parse_known_args(argv)
-    if chosen.suite == "ablations":
-        return main(rest)
-    if chosen.suite == "documents":  # the document-masking axis (it imports reproduce too)
-        from pretrain.experiments.document_masking import main as documents
-
-        return documents(rest)
-    return reproduce(argv)
-

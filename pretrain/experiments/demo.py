@@ -10,20 +10,22 @@ finished steps.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
 
-from pretrain.experiments import reproduce
+from pretrain.cli import Parser
+from pretrain.experiments.presets import PRESETS
 
 
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain demo`."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain demo", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m pretrain demo", description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="demo_out", help="working directory (resumable)")
-    parser.add_argument("--preset", default="cpu-small", choices=sorted(reproduce.PRESETS))
+    parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS), help="scale of the two runs")
     args = parser.parse_args(argv)
+    from pretrain.experiments import reproduce
+
     preset = dataclasses.replace(reproduce.PRESETS[args.preset], methods=("baseline", "posaug"), inference=(),
                                  gain_spans=0)
     try:

@@ -14,7 +14,6 @@ document masking changes its cliff). Each seed may run as its own invocation (`-
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import subprocess
@@ -25,12 +24,12 @@ from pathlib import Path
 import torch
 
 from data_prep.errors import OutputError, write_text_atomic
+from pretrain.cli import Parser, add_seeds, seeds_of
 from pretrain.experiments.presets import PRESETS, Preset
 from pretrain.trainer import config as config_module
 
 METHODS = ("baseline", "posaug", "rfs")
 ARMS = {"plain": False, "docmask": True}  # arm name -> data.document_masking
-SEEDS = (42, 137, 2024)
 
 
 def _log(message: str) -> None:
@@ -167,20 +166,22 @@ def write_report(out: Path, preset_name: str, preset: Preset, summary: dict, rec
 
 def main(argv: list[str]) -> int:
     """CLI of `python -m pretrain reproduce --suite documents`."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain reproduce --suite documents",
-                                     description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m pretrain reproduce --suite documents", description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="reproduce_documents_out", help="working and report directory (resumable)")
     parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
     parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
     parser.add_argument("--train-tokens", type=int, default=None,
                         help="tokens per training run instead of the preset's (a shorter run on a busy machine)")
-    parser.add_argument("--seeds", type=int, default=2, help="number of seeds (42, 137, 2024)")
-    parser.add_argument("--seed", type=int, action="append", default=None,
-                        help="train and evaluate only these seeds (repeatable; no report): one invocation per seed")
+    add_seeds(parser, default_count=2)
+    parser.add_argument("--train-only", action="store_true",
+                        help="train and evaluate the seeds asked for, then stop without the report (one invocation "
+                             "per seed; a later run with every seed reuses them and writes the report)")
     parser.add_argument("--prepare-only", action="store_true", help="build the data and stop")
     args = parser.parse_args(argv)
-    if not 1 <= args.seeds <= len(SEEDS):
-        print(f"error: --seeds must lie in 1..{len(SEEDS)} (got {args.seeds})", file=sys.stderr)
+    try:
+        seeds = seeds_of(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     from pretrain.experiments.reproduce import prepare_data
 
@@ -193,7 +194,6 @@ def main(argv: list[str]) -> int:
                   f"tokens for {args.preset}; got {args.train_tokens})", file=sys.stderr)
             return 2
         preset = dataclasses.replace(preset, train_tokens=args.train_tokens)
-    seeds = args.seed or list(SEEDS[: args.seeds])
     try:
         out.mkdir(parents=True, exist_ok=True)
         data_prefix = prepare_data(out, preset, args.corpus)
@@ -201,8 +201,8 @@ def main(argv: list[str]) -> int:
             return 0
         runs = train_all(out, preset, seeds, data_prefix)
         records = evaluate_all(out, preset, runs, data_prefix)
-        if args.seed:
-            _log(f"seeds {seeds} done; run without --seed to write the report")
+        if args.train_only:
+            _log(f"seeds {seeds} done; run without --train-only to write the report")
             return 0
         report = write_report(out, args.preset, preset, summarise(records, preset), records, seeds)
         _log(f"report: {report}")

@@ -8,17 +8,17 @@ resumable: finished data, runs and evaluations are reused on a rerun.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
-from data_prep.errors import OutputError, write_text_atomic
+from data_prep.errors import write_text_atomic
 from pretrain.experiments.presets import INFERENCE, PRESETS, TRAINING_METHODS, Preset
 from pretrain.table import METHODS
 from pretrain.trainer import config as config_module
@@ -64,11 +64,12 @@ def prepare_data(out: Path, preset: Preset, corpus: str | None) -> str:
     return prefix
 
 
-def train_config(preset: Preset, method: str, seed: int, data_prefix: str, run_dir: Path) -> TrainConfig:
+def train_config(preset: Preset, method: str, seed: int, data_prefix: str, run_dir: Path,
+                 overrides: Sequence[str] = ()) -> TrainConfig:
     """The TrainConfig of one run (same seed ⇒ same data order and initial weights for every method)."""
     iters = preset.train_iters
     row = METHODS[method]
-    return config_module.from_dict({
+    return config_module.from_dict(config_module.apply_overrides({
         "name": run_dir.name, "seed": seed, "preset": preset.model,
         "model": {"seq_length": preset.window, "vocab_size": preset.vocab_size, **row.model},
         "positions": row.position_fields(preset.window),
@@ -79,10 +80,11 @@ def train_config(preset: Preset, method: str, seed: int, data_prefix: str, run_d
                       "weight_decay": 0.1, "clip_grad": 1.0},
         "checkpoint": {"save": str(run_dir), "save_interval": max(1, iters // 4), "keep_last": 1},
         "logging": {"log_interval": max(1, iters // 8), "eval_interval": iters, "eval_iters": 2},
-    })
+    }, list(overrides)))
 
 
-def train_runs(out: Path, preset: Preset, seeds: list[int], data_prefix: str) -> dict[str, Path]:
+def train_runs(out: Path, preset: Preset, seeds: list[int], data_prefix: str,
+               overrides: Sequence[str] = ()) -> dict[str, Path]:
     """Train every (method, seed) not finished yet; returns run name → run dir.
 
     Each run is one `python -m pretrain train --config <resolved YAML>` process: a fresh
@@ -103,7 +105,8 @@ def train_runs(out: Path, preset: Preset, seeds: list[int], data_prefix: str) ->
         _log(f"[{index}/{len(runs)}] training {name} ({iters} steps)"
              + (f"; ETA for the remaining {remaining} runs {eta / 60:.1f} min" if eta else ""))
         config_file = out / "configs" / f"{name}.yaml"
-        write_text_atomic(config_file, config_module.dump(train_config(preset, method, seed, data_prefix, run_dir)),
+        write_text_atomic(config_file, config_module.dump(train_config(preset, method, seed, data_prefix, run_dir,
+                                                                         overrides)),
                           what="run config", **_ELSEWHERE)
         proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)])
         if proc.returncode != 0:
@@ -208,14 +211,14 @@ def summarise(records: list[dict], preset: Preset) -> dict:
 
 
 def reproduce(out: Path, preset: Preset, seeds: list[int], corpus: str | None = None,
-              preset_name: str = "custom") -> Path:
+              preset_name: str = "custom", overrides: Sequence[str] = ()) -> Path:
     """The whole pipeline for `preset`; returns the report path."""
     from pretrain.experiments.reproduce_report import write_report
 
     started = time.time()
     out.mkdir(parents=True, exist_ok=True)
     data_prefix = prepare_data(out, preset, corpus)
-    runs = train_runs(out, preset, seeds, data_prefix)
+    runs = train_runs(out, preset, seeds, data_prefix, overrides)
     records = evaluate_runs(out, preset, runs, seeds, data_prefix)
     summary = summarise(records, preset)
     report = write_report(out, preset_name, preset, summary, records, seeds, time.time() - started)
@@ -233,28 +236,3 @@ def with_methods(preset: Preset, methods: list[str] | None) -> Preset:
         raise ValueError(f"unknown method(s) {unknown}; choose from {list(TRAINING_METHODS)}")
     return dataclasses.replace(preset, methods=("baseline", *[m for m in methods if m != "baseline"]))
 
-
-def main(argv: list[str]) -> int:
-    """CLI for `python -m pretrain reproduce` (`--suite tasks`: the algorithmic task suite, pretrain.tasks.suite)."""
-    suite = argparse.ArgumentParser(add_help=False)
-    suite.add_argument("--suite", choices=("lm", "tasks"), default="lm")
-    chosen, rest = suite.parse_known_args(argv)
-    if chosen.suite == "tasks":
-        from pretrain.tasks.suite import main as tasks_main
-
-        return tasks_main(rest)
-    parser = argparse.ArgumentParser(prog="python -m pretrain reproduce", description=__doc__.split("\n")[0])
-    parser.add_argument("--output", default="reproduce_out", help="working and report directory (resumable)")
-    parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
-    parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (42, 137, 2024, then 1, 2, ...)")
-    parser.add_argument("--methods", nargs="+", default=None, help=f"subset of {list(TRAINING_METHODS)}")
-    args = parser.parse_args(argv)
-    seeds = ([42, 137, 2024] + list(range(1, 100)))[: args.seeds]
-    try:
-        preset = with_methods(PRESETS[args.preset], args.methods)
-        reproduce(Path(args.output), preset, seeds, args.corpus, preset_name=args.preset)
-    except (ValueError, FileNotFoundError, OutputError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0

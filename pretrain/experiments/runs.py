@@ -3,10 +3,10 @@ iteration and state (finished / running / stopped / failed / hung); the discover
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from pretrain.runs import STALE_AFTER_S, Run, discover, inspect_run  # noqa: F401 (inspect_run: slurm_grid's import)
+from pretrain.cli import Parser
+from pretrain.runs import STALE_AFTER_S, Run, discover
 
 
 def format_table(runs: list[Run]) -> str:
@@ -23,7 +23,7 @@ def format_table(runs: list[Run]) -> str:
 
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain runs`."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain runs", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m pretrain runs", description=__doc__.split("\n")[0])
     parser.add_argument("directory", help="a directory of run directories (or one run directory)")
     parser.add_argument("--stale-after", type=float, default=STALE_AFTER_S / 60, metavar="MIN",
                         help="minutes without a heartbeat after which a run on another host counts as failed")

@@ -331,9 +331,9 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
 
 def export_cli(argv: list[str]) -> int:
     """`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama (or Qwen2) directory."""
-    import argparse
+    from pretrain.cli import Parser
 
-    parser = argparse.ArgumentParser(prog="python -m pretrain export-hf", description=export_cli.__doc__)
+    parser = Parser(prog="python -m pretrain export-hf", description=export_cli.__doc__)
     parser.add_argument("--checkpoint", required=True, help="run directory (its latest) or an iter_* directory")
     parser.add_argument("--output", required=True, help="directory to write (must be empty unless --overwrite)")
     parser.add_argument("--tokenizer", help="tokenizer.json, SentencePiece .model, vocab.json+merges.txt dir, or "

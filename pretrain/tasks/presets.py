@@ -91,7 +91,7 @@ PRESETS: dict[str, SuitePreset] = {
     "cpu-small": SuitePreset(tasks={"copy": (1, 10), "reverse": (1, 10)}, model=_PROBE_MODEL,
                              train_iters=1000, global_batch_size=64, lr=1e-3),
     # Every task learned in distribution (the learnability gate), 8 methods; one seed ≈ 90 min on 2 quiet cores
-    # (a run of --seeds 2 is two such blocks, resumable). Budgets from RoPE probes (benchmarks/README.md,
+    # (a run of --num-seeds 2 is two such blocks, resumable). Budgets from RoPE probes (benchmarks/README.md,
     # "cpu-long calibration"): copy / copy2 / reverse at N = 10 are learned by 600 steps (99.9 % seen in the
     # 600-step run); duplicate N = 10 is at 99.8 % seen at step 1,200 of 1,600; missing duplicate N = 10 is at
     # 94 % seen after 1,000 steps and 99 % after 1,500 in the probe, but the evidence run's 1,500-step schedule

@@ -313,13 +313,14 @@ def scaled(preset: SuitePreset, train_iters: int | None, eval_count: int | None,
 
 def main(argv: list[str]) -> int:
     """`python -m pretrain reproduce --suite tasks [--preset ...] [--tasks ...] [--methods ...]`."""
-    import argparse
     import dataclasses
 
-    parser = argparse.ArgumentParser(prog="python -m pretrain reproduce --suite tasks", description=__doc__.split("\n")[0])
+    from pretrain.cli import Parser, add_seeds, seeds_of
+
+    parser = Parser(prog="python -m pretrain reproduce --suite tasks", description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="tasks_out", help="working and report directory (resumable)")
     parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (42, 137, 2024, then 1, 2, ...)")
+    add_seeds(parser)
     parser.add_argument("--tasks", nargs="+", default=None, help="subset of the preset's tasks")
     parser.add_argument("--methods", nargs="+", default=None, help=f"subset of {list(METHODS)}")
     parser.add_argument("--report-only", action="store_true",
@@ -345,10 +346,10 @@ def main(argv: list[str]) -> int:
             print(f"error: --{flag.replace('_', '-')} {getattr(args, flag)} must be >= 1", file=sys.stderr)
             return 2
     preset = scaled(preset, args.train_iters, args.eval_count, args.eval_stride)
-    seeds = ([42, 137, 2024] + list(range(1, 100)))[: args.seeds]
     try:
+        seeds = seeds_of(args)
         run_suite(Path(args.output), preset, seeds, args.preset, args.jobs, args.report_only)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -281,31 +281,8 @@ def _print_error(error: Exception) -> None:
         print(f"error: {error}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str]) -> int:
-    """CLI for `python -m pretrain train`."""
-    import argparse
-
-    from pretrain.trainer import config as config_module
-
-    parser = argparse.ArgumentParser(prog="python -m pretrain train",
-                                     description="Train a RoPE GPT on Megatron-Core with a position strategy.")
-    parser.add_argument("--config", help="YAML config, e.g. pretrain/configs/113m_posaug.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, e.g. --set optimizer.lr=3e-4 (repeatable; several per flag ok)",
-                        nargs="+")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    args = parser.parse_args(argv)
-    overrides = [item for group in args.overrides for item in group]
-    try:
-        config = config_module.load(args.config, overrides)
-        if args.print_config:
-            print(dump(config))
-            print(f"iterations: {config.train_iters()} ({config.train_tokens():,} tokens)")
-            return 0
-        config.validate(int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def run_cli(config: TrainConfig) -> int:
+    """Train a validated config; the exit code (2 bad run directory/data, 1 stopped, 0 done)."""
     try:
         return train(config)
     except (checkpoint.CheckpointError, DataError) as error:  # bad run directory or data: exit 2, as bad config

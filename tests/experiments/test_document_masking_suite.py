@@ -4,7 +4,7 @@ import pytest
 
 from pretrain.experiments import document_masking as suite
 from pretrain.experiments.presets import PRESETS
-from pretrain.experiments.ablations import reproduce_main
+from pretrain.experiments.reproduce_cli import main as reproduce_main
 
 PRESET = PRESETS["cpu-tiny"]
 
@@ -40,5 +40,5 @@ def test_summary_pairs_each_arm_with_its_own_baseline_and_each_method_across_arm
 
 
 def test_reproduce_dispatches_the_documents_suite_and_refuses_bad_seed_counts(capsys):
-    assert reproduce_main(["--suite", "documents", "--seeds", "9"]) == 2
-    assert "--seeds must lie in 1..3" in capsys.readouterr().err
+    assert reproduce_main(["--suite", "documents", "--num-seeds", "9"]) == 2
+    assert "--num-seeds 9: expected 1 to" in capsys.readouterr().err

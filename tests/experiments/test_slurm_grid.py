@@ -24,12 +24,20 @@ def reproduce(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+def _corpus_and_tokenizer(root) -> tuple[str, str]:
+    """An (empty) corpus directory and tokenizer file: the grid checks that both exist before planning."""
+    (root / "corpus").mkdir()
+    (root / "tokenizer.json").write_text("{}")
+    return str(root / "corpus"), str(root / "tokenizer.json")
+
+
 @pytest.fixture(scope="module")
 def paper_dry_run(tmp_path_factory):
     """The whole paper grid, shards still to build: its plan and the sbatch script it would run."""
     root = tmp_path_factory.mktemp("paper")
+    corpus, tokenizer = _corpus_and_tokenizer(root)
     proc = reproduce("--dry-run", "--output", str(root / "grid"), "--data-prefix", str(root / "shards" / "owt"),
-                     "--corpus", "/data/owt", "--tokenizer", "/data/tok")
+                     "--corpus", corpus, "--tokenizer", tokenizer)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     commands = [line for line in proc.stdout.splitlines() if re.match(r"^\w+=\$\(", line)]
     return root, proc.stdout, {line.split("=", 1)[0]: line for line in commands}
@@ -77,7 +85,7 @@ def test_paper_dry_run_total_gpu_hours_are_plan_sweeps_times_the_seeds(paper_dry
     sweep = subprocess.run([PY, "-m", "pretrain", "plan", "--sweep"], cwd=REPO, capture_output=True, text=True,
                            timeout=600)
     assert sweep.returncode == 0, sweep.stderr
-    sweep_total = float(re.search(r"^total\s+([\d,.]+)$", sweep.stdout, re.M).group(1).replace(",", ""))
+    sweep_total = float(re.search(r"^total\s+([\d,.]+)\s+[\d,.]+$", sweep.stdout, re.M).group(1).replace(",", ""))
     runs, total = re.search(r"^total\s+(\d+)\s+([\d,.]+)\s*$", stdout, re.M).groups()
     assert int(runs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) * len(PAPER_SEEDS)
     assert float(total.replace(",", "")) == pytest.approx(3 * sweep_total, abs=0.15)  # both printed to 0.1
@@ -86,8 +94,9 @@ def test_paper_dry_run_total_gpu_hours_are_plan_sweeps_times_the_seeds(paper_dry
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_grid_whose_runs_do_not_fit_is_refused_in_one_line_and_writes_nothing(tmp_path):
+    corpus, tokenizer = _corpus_and_tokenizer(tmp_path)
     proc = reproduce("--sizes", "10m", "--set", "schedule.micro_batch_size=128", "--output", str(tmp_path / "grid"),
-                     "--data-prefix", str(tmp_path / "owt"), "--corpus", "/data/owt", "--tokenizer", "/data/tok")
+                     "--data-prefix", str(tmp_path / "owt"), "--corpus", corpus, "--tokenizer", tokenizer)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: the grid does not fit, nothing was submitted: 10m_baseline: predicted peak")
@@ -99,16 +108,39 @@ def test_a_grid_whose_runs_do_not_fit_is_refused_in_one_line_and_writes_nothing(
 @pytest.mark.parametrize("args, message", [
     (["--methods", "nope"], "error: --methods nope: the paper grid has methods baseline, posaug, rfs, rpe, warp"),
     (["--sizes", "7b"], "error: --sizes 7b: the paper grid has sizes 10m, 42m, 113m, 425m, 1b"),
-    (["--seeds", "42", "x"], "error: --seeds 42 x: expected seed values"),
+    (["--seeds", "42,42"], "error: --seeds 42,42: a seed appears twice"),
     ([], "error: --preset paper needs --data-prefix"),
-    (["--data-prefix", "/nonexistent/owt"], "error: no shards at --data-prefix /nonexistent/owt (no manifest): pass "
-                                            "--corpus and --tokenizer"),
+    (["--data-prefix", "/d/owt", "--corpus", "/nonexistent/c", "--tokenizer", "/nonexistent/t"],
+     "error: --corpus /nonexistent/c does not exist"),
     (["--preset", "cpu-tiny", "--tokenizer", "/t"], "error: --preset cpu-tiny builds its own data"),
 ])
 def test_bad_grid_arguments_are_one_line_naming_the_flag(tmp_path, capsys, args, message):
     assert grid_main(["--slurm", "--dry-run", "--output", str(tmp_path / "grid"), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_a_submission_without_shards_or_the_means_to_build_them_is_refused(tmp_path, capsys):
+    assert grid_main(["--slurm", "--output", str(tmp_path / "grid"), "--data-prefix", "/nonexistent/owt"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no shards at --data-prefix /nonexistent/owt (no manifest): pass --corpus and "
+                          "--tokenizer") and not (tmp_path / "grid").exists()
+
+
+def test_a_seed_given_as_a_count_is_refused_with_the_num_seeds_hint(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        grid_main(["--slurm", "--dry-run", "--output", str(tmp_path / "grid"), "--data-prefix", "/d", "--seeds", "2"])
+    assert exit_.value.code == 2 and "--num-seeds 2" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_dry_run_plans_before_the_shards_exist_and_says_so(tmp_path):
+    proc = reproduce("--dry-run", "--sizes", "10m", "--methods", "posaug", "--num-seeds", "1", "--output",
+                     str(tmp_path / "grid"), "--data-prefix", str(tmp_path / "owt"), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^10m_posaug ", proc.stdout, re.M)
+    assert f"# note: no shards at {tmp_path / 'owt'} yet" in proc.stdout
 
 
 def test_status_of_a_grid_never_submitted_says_how_to_submit_it(tmp_path, capsys):

@@ -290,8 +290,8 @@ def test_hf_tensors_the_config_does_not_declare_are_refused(hf_dirs, tmp_path, c
     assert "model.layers.0.self_attn.q_proj.bias" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
-def test_readme_import_table_has_one_row_per_supported_model_type():
-    text = (REPO / "README.md").read_text()
+def test_docs_import_table_has_one_row_per_supported_model_type():
+    text = (REPO / "docs" / "hf.md").read_text()
     section = text.split("## Importing Hugging Face models", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert sorted({row.split("`")[1] for row in rows}) == sorted(SUPPORTED)

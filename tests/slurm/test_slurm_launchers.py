@@ -127,10 +127,12 @@ def test_container_image_runs_the_step_in_pyxis_with_the_checkout_mounted():
     assert argv[argv.index(f"{REPO}/slurm/rank_env.sh") + 1] == "python3"  # the container's, not the host venv
 
 
-def test_launcher_refuses_to_train_outside_a_job():
+def test_launcher_outside_a_job_checks_before_it_submits():
+    # outside a job the launcher is the submit path: without data it stops before sbatch (the local cluster
+    # tests in test_launcher_preflight.py check that nothing is queued)
     result = run(["bash", str(SLURM / "pretrain_10m_posaug.sh")])
     assert result.returncode == 2
-    assert "not inside a SLURM job" in result.stderr
+    assert "refused before submitting (nothing queued)" in result.stderr
 
 
 def test_launcher_finds_the_project_from_another_directory(tmp_path):

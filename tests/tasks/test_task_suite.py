@@ -56,13 +56,13 @@ def test_unknown_method_is_one_line_and_exit_code_2(tmp_path):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_two_seeds_report_mean_and_spread_and_a_report_only_rerun_trains_nothing(tmp_path):
-    first = reproduce_tasks(tmp_path, "--seeds", "2", "--methods", "rope", "rfs")
+    first = reproduce_tasks(tmp_path, "--num-seeds", "2", "--methods", "rope", "rfs")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["seeds"] == [42, 137]
     unseen = results["summary"]["copy"]["rfs"]["unseen"]
     assert [p["seed"] for p in unseen["per_seed"]] == [42, 137] and unseen["sd"] >= 0.0
-    again = reproduce_tasks(tmp_path, "--seeds", "2", "--methods", "rope", "rfs", "--report-only")
+    again = reproduce_tasks(tmp_path, "--num-seeds", "2", "--methods", "rope", "rfs", "--report-only")
     assert again.returncode == 0 and "to train" not in again.stdout and "[eval" not in again.stdout
 
 

@@ -87,7 +87,7 @@ def test_missing_config_file_lists_the_shipped_ones(tmp_path):
 
 
 def test_cli_reports_invalid_config_on_stderr_with_exit_code_2(capsys):
-    from pretrain.trainer.loop import main
+    from pretrain.trainer.cli import main
 
     assert main(["--set", "preset=tiny", "data.synthetic=false"]) == 2
     assert "data.data_path is missing" in capsys.readouterr().err

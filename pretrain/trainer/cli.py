@@ -1,0 +1,64 @@
+"""`python -m pretrain train`: the command line of training (parsed before torch or Megatron is imported)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pretrain.cli import Parser, add_config, add_set, config_of
+
+
+def parser() -> Parser:
+    """The train command's arguments."""
+    p = Parser(prog="python -m pretrain train", description="Train a RoPE GPT on Megatron-Core with a position "
+               "strategy.")
+    add_config(p)
+    add_set(p, dest="overrides", help="override a config field")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--check", action="store_true",
+                   help="check the config, the data (manifest, shards, tokenizer vocabulary vs model.vocab_size) "
+                        "for WORLD_SIZE ranks and exit, without building the model (the launchers' pre-flight)")
+    return p
+
+
+def check_data(config) -> None:
+    """ValueError naming the fix unless every data prefix is complete and its tokenizer fits model.vocab_size."""
+    from pretrain.trainer.data import check_build, parse_blend
+
+    if config.data.synthetic:
+        return
+    for _, prefix in parse_blend(config.data.data_path):
+        manifest = check_build(prefix, config.model.seq_length)
+        if manifest.vocab_size > config.model.vocab_size:
+            raise ValueError(f"data.data_path={prefix!r} was tokenized with {manifest.tokenizer_path} "
+                             f"({manifest.vocab_size:,} tokens) but model.vocab_size is {config.model.vocab_size:,}: "
+                             f"set model.vocab_size={manifest.vocab_size} or build the data with the model's tokenizer")
+
+
+def main(argv: list[str]) -> int:
+    """CLI for `python -m pretrain train`: bad input is one line and exit code 2."""
+    args = parser().parse_args(argv)
+    try:
+        path = config_of(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from pretrain.trainer import config as config_module
+    from pretrain.trainer.data import DataError
+    from pretrain.trainer.loop import run_cli
+
+    try:
+        config = config_module.load(path, args.overrides)
+        if args.print_config:
+            print(config_module.dump(config))
+            print(f"iterations: {config.train_iters()} ({config.train_tokens():,} tokens)")
+            return 0
+        config.validate(int(os.environ.get("WORLD_SIZE", "1")))
+        if args.check:
+            check_data(config)
+            print(f"check: config, data and layout are fine for {os.environ.get('WORLD_SIZE', '1')} rank(s)")
+            return 0
+    except (ValueError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return run_cli(config)
