@@ -11,7 +11,7 @@ import torch
 
 from pretrain.trainer.data import TaskDataSource, register_task_source
 
-from .generators import PAD, Example, example_at, get_task, keyed_rng, generate
+from .generators import EOS, PAD, Example, example_at, get_task, keyed_rng, generate
 
 # Large enough that no run wraps around (the trainer indexes modulo len()).
 STREAM_SIZE = 2 ** 62
@@ -98,4 +98,4 @@ def task_datasets(data, seq_length: int, seed: int) -> tuple[TaskSource, TaskSou
     return stream("train"), stream("valid")
 
 
-register_task_source(TaskDataSource(check=check_task_config, datasets=task_datasets))  # the trainer's data.task
+register_task_source(TaskDataSource(check=check_task_config, datasets=task_datasets, eod=EOS))  # the trainer's data.task

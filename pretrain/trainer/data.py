@@ -35,6 +35,7 @@ class TaskDataSource:
 
     check: Callable[[Any, Any], None]  # (DataConfig, ModelConfig)
     datasets: Callable[[Any, int, int], tuple[SampleSource, SampleSource]]  # (DataConfig, seq_length, seed)
+    eod: int  # the token that ends an example (document masking's boundary)
 
 
 _TASK_SOURCES: list[TaskDataSource] = []  # the trainer's seam: it knows task data only by registration
@@ -221,9 +222,7 @@ def document_eod(data, vocab_size: int) -> int:
     """The EOD id that ends documents in data (config.data): the data_prep tokenizer's, the task's <eos>,
     or vocab_size - 1 for synthetic tokens."""
     if data.task:
-        from pretrain.tasks.generators import EOS
-
-        return EOS
+        return task_source().eod
     if data.synthetic:
         return vocab_size - 1
     from data_prep.manifest import load_manifest
