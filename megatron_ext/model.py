@@ -426,6 +426,12 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         # Megatron's own rope_scaling fixes the original window at 8192; HF's llama3 takes it from the config.
         rotary = gpt.rotary_pos_emb
         rotary.inv_freq = model.inv_freq(rotary.inv_freq.device)
+    if model.bf16:
+        # The local spec builds torch norms in float32 (TE builds them in params_dtype): cast every
+        # parameter as Megatron's Float16Module does. Float16Module itself is not used: it would also
+        # cast the float positions a caller passes to bf16 (position 16384 would move by up to 64).
+        # inv_freq is a plain attribute, not a buffer, so it stays float32 and so do the angles.
+        gpt.bfloat16()
     return gpt
 
 
