@@ -356,7 +356,11 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
                                                                    metadata=_optimizer_metadata(engine))
     loaded = _read(request, path)
     engine.load_state_dict(loaded["model"])
-    if load_optimizer:
+    if not load_optimizer:
+        # bf16 and the distributed optimizer step fp32 main copies made from the weights at build time:
+        # without this the first step would write the build-time weights back over the loaded ones.
+        engine.optimizer.reload_model_params()
+    else:
         engine.load_optimizer_state(loaded["optimizer"])
         engine.scheduler.load_state_dict(record["scheduler"])
         rng_file = path / "rng" / f"rank_{_rank():05d}.pt"
