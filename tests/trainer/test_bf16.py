@@ -117,7 +117,7 @@ def test_eval_of_a_bf16_run_gives_finite_per_position_losses(bf16_run, tiny_shar
 
     out = tmp_path / "eval"
     proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", "run", str(bf16_run[0]), "--data", tiny_shards,
-                           "--lengths", "32,64", "--num-spans", "2", "--backend", "megatron", "--out", str(out),
+                           "--lengths", "32", "--num-spans", "1", "--backend", "megatron", "--out", str(out),
                            "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
