@@ -430,8 +430,10 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         # The local spec builds torch norms in float32 (TE builds them in params_dtype): cast every
         # parameter as Megatron's Float16Module does. Float16Module itself is not used: it would also
         # cast the float positions a caller passes to bf16 (position 16384 would move by up to 64).
-        # inv_freq is a plain attribute, not a buffer, so it stays float32 and so do the angles.
-        gpt.bfloat16()
+        # Buffers (ALiBi slopes) and inv_freq (an attribute) stay float32, and so do the angles.
+        for param in gpt.parameters():
+            if param.is_floating_point() and param.dtype != torch.bfloat16:
+                param.data = param.data.to(torch.bfloat16)
     return gpt
 
 
