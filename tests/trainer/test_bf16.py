@@ -34,7 +34,8 @@ def bf16_run(tiny_shards, tmp_path_factory):
 def safetensors_of(directory):
     from safetensors.torch import load_file
 
-    return {name: tensor for path in sorted(directory.glob("*.safetensors")) for name, tensor in load_file(path).items()}
+    return {name: tensor for path in sorted(directory.glob("*.safetensors"))
+            for name, tensor in load_file(path).items()}
 
 
 def test_bf16_run_writes_its_checkpoints(bf16_run):
