@@ -430,6 +430,14 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         # Megatron's own rope_scaling fixes the original window at 8192; HF's llama3 takes it from the config.
         rotary = gpt.rotary_pos_emb
         rotary.inv_freq = model.inv_freq(rotary.inv_freq.device)
+    if model.bf16:
+        # The local spec builds torch norms in float32 (TE builds them in params_dtype): cast every
+        # parameter as Megatron's Float16Module does. Float16Module itself is not used: it would also
+        # cast the float positions a caller passes to bf16 (position 16384 would move by up to 64).
+        # Buffers (ALiBi slopes) and inv_freq (an attribute) stay float32, and so do the angles.
+        for param in gpt.parameters():
+            if param.is_floating_point() and param.dtype != torch.bfloat16:
+                param.data = param.data.to(torch.bfloat16)
     return gpt
 
 

@@ -61,6 +61,12 @@ KNOWN_HARMLESS = (
     KnownWarning(FutureWarning, r"`load_state_dict` is deprecated and will be removed in future versions\. "
                  r"Please use `load` instead", r"megatron\.core\.dist_checkpointing",
                  "Megatron-Core 0.16 calls torch.distributed.checkpoint.load_state_dict itself"),
+    KnownWarning(FutureWarning, r"`torch\.distributed\.all_gather_into_tensor` is deprecated", r"torch\.distributed",
+                 "Megatron-Core's distributed optimizer all-gathers params with it (0.16.1); the call is Megatron's "
+                 "and still correct (tests/trainer/test_distributed_optimizer.py)"),
+    KnownWarning(FutureWarning, r"`torch\.distributed\.reduce_scatter_tensor` is deprecated", r"torch\.distributed",
+                 "Megatron-Core's distributed optimizer reduce-scatters grads with it (0.16.1); the call is Megatron's "
+                 "and still correct (tests/trainer/test_distributed_optimizer.py)"),
     KnownWarning(UserWarning, r"The pad token id in the tokenizer collides with another special token id\..*"
                  r"As such, the training flow will avoid masking out any pad tokens", r"megatron\.core\.datasets",
                  "our shards have no pad token (pad = EOD is only a placeholder); Megatron then masks nothing, "

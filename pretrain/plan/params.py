@@ -122,7 +122,8 @@ def _cache_path(key: tuple) -> Path | None:
     except PackageNotFoundError:
         return None
     root = Path(setting) if setting else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "posaug-plan"
-    digest = hashlib.sha256(repr((key, versions)).encode()).hexdigest()[:24]
+    # 2: bf16 models hold bf16 norm weights with the local spec too (issue 42); older entries hold fp32 ones
+    digest = hashlib.sha256(repr((key, versions, 2)).encode()).hexdigest()[:24]
     return root / f"{digest}.json"
 
 
@@ -159,7 +160,7 @@ def _build(model: ModelConfig, tp: int) -> tuple[Tensor, ...]:
         partition = getattr(param, "partition_dim", None) if getattr(param, "tensor_model_parallel", False) else None
         size = param.element_size()
         if model.transformer_impl == "transformer_engine":
-            size = te_dtype  # TE creates its norm weights in params_dtype; the local RMSNorm keeps fp32
+            size = te_dtype  # TE creates its norm weights in params_dtype (as build_model casts the local ones)
         tensors.append(Tensor(name, param.numel(), partition, tuple(param.shape), size))
     return tuple(tensors)
 

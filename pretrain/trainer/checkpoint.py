@@ -329,12 +329,17 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
             raise CheckpointError(
                 f"{path} was saved with parallel.use_distributed_optimizer={str(saved_with).lower()}; resume with the "
                 "same setting, or start a new run from its weights with checkpoint.load=<that checkpoint>")
+        engine.prepare_optimizer_load()
         request["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=True,
                                                                    metadata=_optimizer_metadata(engine))
     loaded = _read(request, path)
     engine.load_state_dict(loaded["model"])
-    if load_optimizer:
-        engine.optimizer.load_state_dict(loaded["optimizer"])
+    if not load_optimizer:
+        # bf16 and the distributed optimizer step fp32 main copies made from the weights at build time:
+        # without this the first step would write the build-time weights back over the loaded ones.
+        engine.optimizer.reload_model_params()
+    else:
+        engine.load_optimizer_state(loaded["optimizer"])
         engine.scheduler.load_state_dict(record["scheduler"])
         rng_file = path / "rng" / f"rank_{_rank():05d}.pt"
         # RNG streams are per rank: only meaningful when the layout is the one that saved them.

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
@@ -233,9 +232,6 @@ class TrainConfig:
             raise ValueError(f"parallel.virtual_pipeline_model_parallel_size needs microbatches per step "
                              f"({self.num_microbatches(dp)} = global_batch_size / (micro_batch_size × DP)) "
                              f"to be a multiple of parallel.pipeline_model_parallel_size ({pp})")
-        if self.parallel.use_distributed_optimizer and not torch.cuda.is_available():
-            raise ValueError("parallel.use_distributed_optimizer=true: Megatron's distributed-optimizer checkpoints "
-                             "need Transformer Engine or Apex optimizers (GPU); on CPU set it to false")
         if self.optimizer.lr_warmup_iters >= self.train_iters():
             raise ValueError(f"optimizer.lr_warmup_iters ({self.optimizer.lr_warmup_iters}) must be smaller than the "
                              f"run's {self.train_iters()} iterations; lower it, e.g. --set optimizer.lr_warmup_iters=0")

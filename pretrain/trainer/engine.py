@@ -131,6 +131,58 @@ class Engine:
         microbatches = list(batches)
         return [iter(microbatches) for _ in self.chunks]
 
+    def prepare_optimizer_load(self) -> None:
+        """Give a fresh distributed optimizer's torch Adam its (zero) state before a checkpoint load request.
+
+        With torch's Adam (no TE/Apex), DistributedOptimizer.state_dict reads the one `step` shared by
+        every param's state (`assert len(steps) == 1`), which a fresh torch optimizer does not have yet.
+        Megatron's own dummy fill runs optimizer.step(), which would apply weight decay to the main
+        params; zeros are written instead, and the load replaces every one of them."""
+        for inner in self._distributed_torch_adams():
+            for group in inner.param_groups:
+                for param in group["params"]:
+                    if not inner.state[param]:
+                        inner.state[param].update(step=torch.zeros((), dtype=torch.float32),
+                                                  exp_avg=torch.zeros_like(param),
+                                                  exp_avg_sq=torch.zeros_like(param))
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Load the optimizer part of a checkpoint (what `optimizer.sharded_state_dict(is_loading=True)` asked for).
+
+        With torch's Adam, DistributedOptimizer.load_state_dict first gives every param state a `step`,
+        then copies the checkpoint's fully-reshardable tensors into every key of that state; the
+        checkpoint holds no per-param `step` (megatron-core 0.16.1: KeyError 'step'). So `step` is held
+        aside between the two (torch's public load_state_dict post-hook) and put back after."""
+        steps: dict = {}
+
+        def hold_steps_aside(optimizer: torch.optim.Optimizer) -> None:
+            for param, param_state in optimizer.state.items():
+                if "step" in param_state:
+                    steps[param] = (optimizer, param_state.pop("step"))
+
+        handles = [inner.register_load_state_dict_post_hook(hold_steps_aside)
+                   for inner in self._distributed_torch_adams()]
+        try:
+            self.optimizer.load_state_dict(state)
+        finally:
+            for handle in handles:
+                handle.remove()
+        # Megatron hands every param the same step tensor, which Adam's in-place `step += 1` would then
+        # advance once per param: each param gets its own copy, as a fresh torch Adam has.
+        for param, (optimizer, step) in steps.items():
+            optimizer.state[param].setdefault("step", step.detach().clone())
+
+    def _distributed_torch_adams(self) -> list[torch.optim.Optimizer]:
+        """The torch Adam/AdamW inside each DistributedOptimizer (none with TE/Apex optimizers or without distopt)."""
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        found = []
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            inner = getattr(optimizer, "optimizer", None)
+            if isinstance(optimizer, DistributedOptimizer) and isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+                found.append(inner)
+        return found
+
     def sharded_state_dict(self) -> dict:
         """The model's dist-checkpointing state: one chunk's, or {'chunk<i>': ...} (global tensor keys either way)."""
         if len(self.chunks) == 1:

@@ -101,8 +101,10 @@ def load_stage(engine: Engine, reference: dict, first_layer: int) -> None:
             name_in_full = "embedding.word_embeddings.weight"  # tied: last stage's copy
         if name_in_full in reference:
             local[name] = reference[name_in_full]
-    # DDP keeps grads in its own buffers; params are loaded in place, so nothing else to sync.
+    # DDP keeps grads in its own buffers; params are loaded in place. bf16 and the distributed optimizer step
+    # fp32 main copies taken at build time: refresh them from the loaded params.
     module.load_state_dict(local, strict=False)
+    engine.optimizer.reload_model_params()
 
 
 def full_parameters(engine: Engine, model, first_layer: int) -> dict | None:
@@ -142,9 +144,10 @@ def main():
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--distributed-optimizer", action="store_true")
     parser.add_argument("--document-masking", action="store_true", help="EOD-ended documents, masked apart")
+    parser.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params and grads")
     parser.add_argument("--out", required=True, help="torch.save file: {strategy: {losses, parameters}}")
     args = parser.parse_args()
-    model = model_preset("tiny")
+    model = model_preset("tiny", bf16=args.bf16)
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
                               sequence_parallel=args.tp > 1,
                               use_distributed_optimizer=args.distributed_optimizer)
