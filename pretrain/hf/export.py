@@ -38,6 +38,10 @@ def check_exportable(model_config: ModelConfig) -> None:
     if model_config.position_embedding_type != "rope":
         raise ValueError(f"cannot export: model.position_embedding_type={model_config.position_embedding_type!r}; "
                          "the HF Llama export needs rope (Llama has no other position encoding)")
+    for field, method in (("no_rope_freq", "NoPE-interleaved layers"), ("ssmax_scale", "SSMax")):
+        if getattr(model_config, field, None) is not None:
+            raise ValueError(f"cannot export: {method} (model.{field}) has no transformers architecture that "
+                             "computes the same logits from our layout; evaluate it with --backend megatron")
     if model_config.rotary_interleaved:
         raise ValueError("cannot export: the checkpoint was trained with interleaved RoPE "
                          "(model.rotary_interleaved=true); HF Llama's rotate_half matches only "
