@@ -152,7 +152,7 @@ class ModelConfig:
             if not rope:
                 raise ValueError("model.no_rope_freq (NoPE-interleaved layers) needs model.position_embedding_type"
                                  "=rope; for NoPE everywhere use position_embedding_type=none")
-            nope_layers(self.num_layers, self.no_rope_freq)  # validates that it divides num_layers
+            nope_layers(self.num_layers, self.no_rope_freq)  # validates it
         if self.attn_temperature_tuning:
             if self.no_rope_freq is None:
                 raise ValueError("model.attn_temperature_tuning scales the NoPE layers' queries: set "
@@ -261,6 +261,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
     """Megatron TransformerConfig for this model and layout (fusions only where kernels exist)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron_ext.positions import nope_layers
+
     parallel = parallel or ParallelConfig()
     te = model.transformer_impl == "transformer_engine"
     on_gpu = torch.cuda.is_available()
@@ -306,7 +308,9 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
         fp8=model.fp8,
         fp8_recipe=model.fp8_recipe,
         apply_rope_fusion=rope_fusion,
-        no_rope_freq=model.no_rope_freq,
+        # Megatron's list form (1 = no RoPE): its integer form also demands that N divide num_layers.
+        no_rope_freq=(None if model.no_rope_freq is None
+                      else [int(n) for n in nope_layers(model.num_layers, model.no_rope_freq)]),
         bias_activation_fusion=on_gpu,
         bias_dropout_fusion=on_gpu,
         masked_softmax_fusion=te and on_gpu,

@@ -135,10 +135,10 @@ METHODS: dict[str, Method] = {
     "nope": Method({"strategy": "none"}, model={"position_embedding_type": "none"}),
     "alibi": Method({"strategy": "none"}, model={"position_embedding_type": "alibi"}),
     # What 2025 models ship (megatron_ext.positions: prope, nope_interleave, ssmax, pose), alone and with PosAug.
-    "prope": Method({"strategy": "none"}, model=P_ROPE),
-    "irope": Method({"strategy": "none"}, model=I_ROPE, model_in_windows=I_ROPE_FLOOR),
-    "ssmax": Method({"strategy": "none"}, model_in_windows=SSMAX),
-    "pose": Method({"strategy": "pose", "pose_chunks": 2}, max_position_in_windows=EXTRAPOLATION),
+    "prope": Method({"strategy": "none"}, model=P_ROPE, shipped=True),
+    "irope": Method({"strategy": "none"}, model=I_ROPE, model_in_windows=I_ROPE_FLOOR, shipped=True),
+    "ssmax": Method({"strategy": "none"}, model_in_windows=SSMAX, shipped=True),
+    "pose": Method({"strategy": "pose", "pose_chunks": 2}, max_position_in_windows=EXTRAPOLATION, shipped=True),
     "posaug_prope": Method(POSAUG, model=P_ROPE),
     "posaug_irope": Method(POSAUG, model=I_ROPE, model_in_windows=I_ROPE_FLOOR),
 }

@@ -35,8 +35,9 @@ def test_nope_layers_are_every_nth_as_in_llama4_and_megatron():
     assert nope_layers(8, 4) == [False, False, False, True] * 2
     llama4_rope = [int((i + 1) % 4 != 0) for i in range(8)]  # transformers' no_rope_layers: 1 = RoPE
     assert [not n for n in nope_layers(8, 4)] == [bool(r) for r in llama4_rope]
+    assert nope_layers(6, 4) == [False, False, False, True, False, False]  # as Llama 4's, no divisibility needed
     with pytest.raises(ValueError, match="no_rope_freq"):
-        nope_layers(6, 4)
+        nope_layers(6, 0)
 
 
 def test_attention_temperature_is_one_plus_beta_log1p_floor():
