@@ -153,13 +153,11 @@ class ModelConfig:
                 raise ValueError("model.no_rope_freq (NoPE-interleaved layers) needs model.position_embedding_type"
                                  "=rope; for NoPE everywhere use position_embedding_type=none")
             nope_layers(self.num_layers, self.no_rope_freq)  # validates it
-        if self.attn_temperature_tuning:
-            if self.no_rope_freq is None:
-                raise ValueError("model.attn_temperature_tuning scales the NoPE layers' queries: set "
-                                 "model.no_rope_freq (e.g. 4)")
-            if self.attn_temperature_beta < 0 or self.attn_temperature_floor < 1:
-                raise ValueError(f"model.attn_temperature_beta must be >= 0 and model.attn_temperature_floor >= 1 "
-                                 f"(got {self.attn_temperature_beta} and {self.attn_temperature_floor})")
+        if self.attn_temperature_tuning and self.no_rope_freq is None:
+            raise ValueError("model.attn_temperature_tuning scales the NoPE layers' queries: set model.no_rope_freq")
+        if self.attn_temperature_beta < 0 or self.attn_temperature_floor < 1:
+            raise ValueError(f"model.attn_temperature_beta must be >= 0 and model.attn_temperature_floor >= 1 "
+                             f"(got {self.attn_temperature_beta} and {self.attn_temperature_floor})")
         if self.ssmax_scale is not None and not self.ssmax_scale > 0:
             raise ValueError(f"model.ssmax_scale must be > 0 or null (got {self.ssmax_scale})")
 
