@@ -5,15 +5,17 @@ The named sizes (Table 1 and CPU models) live in pretrain/table.py.
 The architecture is the PosAug paper's: decoder-only, SwiGLU, RMSNorm, GQA, tied
 embeddings, RoPE (base 10000 by default, non-interleaved so it equals HF Llama's). Imported
 models add what their architecture needs of Megatron's: q/k/v biases (Qwen2, add_qkv_bias) and
-Llama 3's RoPE scaling (use_rope_scaling).
+Llama 3's RoPE scaling (use_rope_scaling). Position options of 2025 models: p-RoPE (rope_proportion),
+NoPE-interleaved layers with Llama 4's attention temperature (no_rope_freq, attn_temperature_*) and SSMax
+(ssmax_scale). The layout (`parallel.*`) lives in megatron_ext.parallel.
 """
 
 from __future__ import annotations
 
 # Reaches into Megatron-Core (checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and 0.19.2; build_model logs
 # one line per reach of megatron_ext.versions the installed Megatron lacks):
-# - RotaryEmbedding.inv_freq (a plain attribute of GPTModel.rotary_pos_emb) is replaced by the
-#   Llama-3-scaled frequencies with model.use_rope_scaling: Megatron's own rope_scaling hard-codes
+# - RotaryEmbedding.inv_freq (a plain attribute of GPTModel.rotary_pos_emb) is replaced by p-RoPE's
+#   (model.rope_proportion < 1) or by the Llama-3-scaled frequencies with model.use_rope_scaling: Megatron's own rope_scaling hard-codes
 #   the original window 8192 and the low/high frequency factors 1 and 4, which HF reads from config.
 
 import dataclasses
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from megatron_ext.parallel import ParallelConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,14 @@ class ModelConfig:
     rope_scaling_low_freq_factor: float = 1.0
     rope_scaling_high_freq_factor: float = 4.0
     rope_scaling_original_max_position_embeddings: int = 8192
+    # Position options of 2025 models, each composable with any positions.strategy (rules and papers in
+    # megatron_ext.positions.prope / nope_interleave / ssmax; Megatron wiring in megatron_ext.attention_scaling).
+    rope_proportion: float = 1.0  # p-RoPE: keep the fastest ⌊p·d/2⌋ RoPE frequencies, zero the rest (1 = RoPE)
+    no_rope_freq: int | None = None  # Megatron's: every N-th layer has no RoPE (Llama 4's iRoPE: 4)
+    attn_temperature_tuning: bool = False  # Llama 4: NoPE layers' queries × 1 + β·log1p(⌊(i+1)/F⌋)
+    attn_temperature_beta: float = 0.1  # β (transformers' attn_scale)
+    attn_temperature_floor: int = 8192  # F (transformers' floor_scale)
+    ssmax_scale: float | None = None  # SSMax: every logit × s·log n, n = keys the query sees; None = softmax
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -121,11 +133,39 @@ class ModelConfig:
         if self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES} (got {self.fp8_recipe!r})")
         self._check_recompute()
+        self._check_position_options()
         if self.use_rope_scaling:
             if self.position_embedding_type != "rope":
                 raise ValueError("model.use_rope_scaling (Llama 3 RoPE scaling) needs "
                                  "model.position_embedding_type=rope")
             self.rope_scaling()  # validates the factors
+
+    def _check_position_options(self) -> None:
+        """p-RoPE, NoPE-interleave, temperature and SSMax settings (ValueError naming the field and the fix)."""
+        from megatron_ext.positions import kept_frequencies, nope_layers
+
+        rope = self.position_embedding_type == "rope"
+        kept_frequencies(self.kv_channels, self.rope_proportion)  # validates the range
+        if self.rope_proportion < 1.0 and (not rope or self.use_rope_scaling):
+            raise ValueError("model.rope_proportion < 1 (p-RoPE) needs model.position_embedding_type=rope "
+                             "without model.use_rope_scaling")
+        if self.no_rope_freq is not None:
+            if not rope:
+                raise ValueError("model.no_rope_freq (NoPE-interleaved layers) needs model.position_embedding_type"
+                                 "=rope; for NoPE everywhere use position_embedding_type=none")
+            nope_layers(self.num_layers, self.no_rope_freq)  # validates it
+        if self.attn_temperature_tuning and self.no_rope_freq is None:
+            raise ValueError("model.attn_temperature_tuning scales the NoPE layers' queries: set model.no_rope_freq")
+        if self.attn_temperature_beta < 0 or self.attn_temperature_floor < 1:
+            raise ValueError(f"model.attn_temperature_beta must be >= 0 and model.attn_temperature_floor >= 1 "
+                             f"(got {self.attn_temperature_beta} and {self.attn_temperature_floor})")
+        if self.ssmax_scale is not None and not self.ssmax_scale > 0:
+            raise ValueError(f"model.ssmax_scale must be > 0 or null (got {self.ssmax_scale})")
+
+    @property
+    def scales_queries(self) -> bool:
+        """True when queries get a per-token factor (attention temperature or SSMax)."""
+        return self.attn_temperature_tuning or self.ssmax_scale is not None
 
     def rope_scaling(self):
         """The model's own RoPE scaling (megatron_ext.positions.RopeScaling 'llama3'), None without one."""
@@ -143,15 +183,20 @@ class ModelConfig:
 
     def inv_freq(self, device: torch.device | str | None = None) -> torch.Tensor:
         """The model's RoPE inverse frequencies [rotary_dim // 2] (Llama 3 scaled with use_rope_scaling)."""
-        from megatron_ext.positions import rope_inv_freq, scaled_inv_freq
+        from megatron_ext.positions import prope_inv_freq, rope_inv_freq, scaled_inv_freq
 
         scaling = self.rope_scaling()
+        if self.rope_proportion < 1.0:
+            return prope_inv_freq(self.rotary_dim, self.rotary_base, self.rope_proportion, device)
         if scaling is None:
             return rope_inv_freq(self.rotary_dim, self.rotary_base, device)
         return scaled_inv_freq(self.rotary_dim, self.rotary_base, scaling, self.seq_length, device)[0]
 
     def check_positions(self, strategy: str, rope_scaling: str | None) -> None:
         """Refuse position settings that would drop the model's own Llama 3 scaling (ValueError naming them)."""
+        if self.rope_proportion < 1.0 and (strategy == "random_base" or rope_scaling not in (None, "none")):
+            raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would rebuild plain "
+                             "RoPE frequencies and drop p-RoPE's (model.rope_proportion < 1): drop it")
         if not self.use_rope_scaling:
             return
         if strategy == "random_base":
@@ -210,104 +255,12 @@ class ModelConfig:
         return 6 * n + attention
 
 
-@dataclass
-class ParallelConfig:
-    """Model-parallel layout; names follow Megatron's arguments."""
-
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    context_parallel_size: int = 1
-    sequence_parallel: bool = False
-    use_distributed_optimizer: bool = False
-    # Megatron DDP: all-reduce / reduce-scatter grads bucket by bucket during the backward pass,
-    # and all-gather updated params during the next forward (distributed optimizer only).
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
-    # Interleaved 1F1B: model chunks per pipeline rank (None = one chunk, plain 1F1B).
-    virtual_pipeline_model_parallel_size: int | None = None
-    # Hang timeouts (pretrain/trainer/watchdog.py). Start-up, checkpoint load, the first step, checkpoint
-    # saves and validation may take this long (Megatron-LM's --distributed-timeout-minutes, NCCL's default 10)...
-    distributed_timeout_minutes: int = 10
-    # ...every later training step this long: then the watchdog writes every rank's stacks, names the silent
-    # rank and ends the job. 2 minutes: far above a step of the shipped configs on their GPUs (`pretrain plan`:
-    # 0.15 s for 1B on 8 H100s) and of the CPU presets on a loaded machine (seconds), so a hung 32-GPU job burns
-    # about 1 GPU-hour instead of the 5 of NCCL's 10-minute default.
-    train_timeout_seconds: float = 120.0
-
-    def __post_init__(self) -> None:
-        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"parallel.{name} must be >= 1 (got {getattr(self, name)})")
-        # Megatron's arguments.py rules for --overlap-param-gather.
-        if self.overlap_param_gather and not self.use_distributed_optimizer:
-            raise ValueError("parallel.overlap_param_gather=true needs parallel.use_distributed_optimizer=true "
-                             "(only the distributed optimizer all-gathers params)")
-        if self.overlap_param_gather and not self.overlap_grad_reduce:
-            raise ValueError("parallel.overlap_param_gather=true needs parallel.overlap_grad_reduce=true "
-                             "(Megatron overlaps the param all-gather only together with the grad reduction)")
-        if self.distributed_timeout_minutes < 1 or self.train_timeout_seconds <= 0:
-            raise ValueError(f"parallel.distributed_timeout_minutes must be >= 1 and parallel.train_timeout_seconds "
-                             f"> 0 (got {self.distributed_timeout_minutes} and {self.train_timeout_seconds})")
-        vp = self.virtual_pipeline_model_parallel_size
-        if vp is not None:
-            if vp < 1:
-                raise ValueError(f"parallel.virtual_pipeline_model_parallel_size must be >= 1 or null (got {vp})")
-            if vp > 1 and self.pipeline_model_parallel_size == 1:
-                raise ValueError("parallel.virtual_pipeline_model_parallel_size > 1 needs "
-                                 "parallel.pipeline_model_parallel_size > 1 (interleaving splits pipeline stages)")
-            if vp == 1:
-                self.virtual_pipeline_model_parallel_size = None  # one chunk is plain 1F1B
-        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
-            self.sequence_parallel = False  # Megatron disables it for TP=1 too
-
-    @property
-    def model_chunks(self) -> int:
-        """Model chunks on each pipeline rank (the virtual pipeline size, 1 without interleaving)."""
-        return self.virtual_pipeline_model_parallel_size or 1
-
-    def data_parallel_size(self, world_size: int) -> int:
-        """DP = world / (TP × PP × CP); ValueError when the world does not divide."""
-        model_parallel = (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
-                          * self.context_parallel_size)
-        if world_size % model_parallel:
-            raise ValueError(f"world size {world_size} is not divisible by TP×PP×CP = {model_parallel}; "
-                             "change parallel.* or the number of processes")
-        return world_size // model_parallel
-
-    def check_model(self, model: ModelConfig) -> None:
-        """Clear errors for layouts Megatron would reject later (and less clearly)."""
-        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
-        if model.num_attention_heads % tp:
-            raise ValueError(f"parallel.tensor_model_parallel_size ({tp}) must divide "
-                             f"model.num_attention_heads ({model.num_attention_heads})")
-        if model.num_query_groups % tp:
-            raise ValueError(f"parallel.tensor_model_parallel_size ({tp}) must divide "
-                             f"model.num_query_groups ({model.num_query_groups})")
-        if model.num_layers % pp:
-            raise ValueError(f"parallel.pipeline_model_parallel_size ({pp}) must divide "
-                             f"model.num_layers ({model.num_layers})")
-        if model.num_layers % (pp * self.model_chunks):
-            raise ValueError(f"model.num_layers ({model.num_layers}) must be divisible by "
-                             f"PP × VP = {pp} × {self.model_chunks}; change "
-                             "parallel.virtual_pipeline_model_parallel_size")
-        layers_per_chunk = model.num_layers // (pp * self.model_chunks)
-        if model.recompute_granularity == "full":
-            if model.recompute_num_layers > layers_per_chunk:
-                raise ValueError(f"model.recompute_num_layers ({model.recompute_num_layers}) must be between 1 "
-                                 f"and the {layers_per_chunk} layers of a pipeline stage")
-            if model.recompute_method == "uniform" and layers_per_chunk % model.recompute_num_layers:
-                raise ValueError(f"model.recompute_method=uniform: model.recompute_num_layers "
-                                 f"({model.recompute_num_layers}) must divide the {layers_per_chunk} layers "
-                                 "of a pipeline stage")
-        if self.context_parallel_size > 1 and not torch.cuda.is_available():
-            raise ValueError("parallel.context_parallel_size > 1 needs GPUs (Megatron's context "
-                             "parallel attention is Transformer Engine only); set it to 1 on CPU")
-
-
 def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = None,
                        *, per_sample_positions: bool = False):
     """Megatron TransformerConfig for this model and layout (fusions only where kernels exist)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_ext.positions import nope_layers
 
     parallel = parallel or ParallelConfig()
     te = model.transformer_impl == "transformer_engine"
@@ -354,6 +307,9 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
         fp8=model.fp8,
         fp8_recipe=model.fp8_recipe,
         apply_rope_fusion=rope_fusion,
+        # Megatron's list form (1 = no RoPE): its integer form also demands that N divide num_layers.
+        no_rope_freq=(None if model.no_rope_freq is None
+                      else [int(n) for n in nope_layers(model.num_layers, model.no_rope_freq)]),
         bias_activation_fusion=on_gpu,
         bias_dropout_fusion=on_gpu,
         masked_softmax_fusion=te and on_gpu,
@@ -426,10 +382,20 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     from megatron_ext.versions import log_missing_reaches
 
     log_missing_reaches(gpt)
-    if model.use_rope_scaling:
-        # Megatron's own rope_scaling fixes the original window at 8192; HF's llama3 takes it from the config.
+    if model.use_rope_scaling or model.rope_proportion < 1.0:
+        # Megatron's own rope_scaling fixes the original window at 8192 (HF's llama3 takes it from the
+        # config); p-RoPE zeroes frequencies Megatron has no option for.
         rotary = gpt.rotary_pos_emb
         rotary.inv_freq = model.inv_freq(rotary.inv_freq.device)
+    if model.scales_queries:
+        if parallel.context_parallel_size > 1:
+            raise ValueError("model.attn_temperature_tuning / model.ssmax_scale scale queries by their token index, "
+                             "which a context-parallel rank does not hold: set parallel.context_parallel_size=1")
+        from megatron_ext.attention_scaling import install_query_scaling
+
+        temperature = ((model.attn_temperature_beta, float(model.attn_temperature_floor))
+                       if model.attn_temperature_tuning else None)
+        install_query_scaling(gpt, temperature=temperature, ssmax_scale=model.ssmax_scale)
     if model.bf16:
         # The local spec builds torch norms in float32 (TE builds them in params_dtype): cast every
         # parameter as Megatron's Float16Module does. Float16Module itself is not used: it would also

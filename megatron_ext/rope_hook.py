@@ -114,6 +114,9 @@ class FloatPositionGPTModel(GPTModel):
         if self.position_embedding_type == "none":
             return self._forward_without_rope(input_ids, position_ids, attention_mask, *args, **kwargs)
         inference = kwargs.get("inference_context") or kwargs.get("inference_params")
+        if inference is not None and getattr(self, "scales_queries", False):
+            raise ValueError("attention temperature / SSMax scale queries by token index, which Megatron's "
+                             "KV-cache decoding does not pass: decode with megatron_ext.generation.greedy_generate")
         if inference is not None and (isinstance(position_ids, RopePositions)
                                       or (torch.is_tensor(position_ids) and position_ids.is_floating_point())):
             # Megatron's KV-cache decoding builds its angles from arange; it would drop these positions.

@@ -10,6 +10,9 @@ import dataclasses
 
 from pretrain.table import METHODS, SIZES
 
+# Model fields that make a method (table.METHODS rows' model=): a run matches a row only when they agree.
+METHOD_MODEL_KEYS = ("position_embedding_type", "rope_proportion", "no_rope_freq", "attn_temperature_tuning",
+                     "attn_temperature_floor", "ssmax_scale")
 ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups")
 
 
@@ -36,12 +39,19 @@ def size_name(model) -> str:
     return f"{params / 1e6:.3g}M"
 
 
-def method_name(positions, window: int) -> str:
-    """The table.METHODS row whose resolved positions equal the run's, else the strategy name."""
+def method_name(positions, window: int, model=None) -> str:
+    """The table.METHODS row whose resolved positions (and, given `model`, model options) equal the run's."""
+    from megatron_ext.model import ModelConfig
     from megatron_ext.positions import PositionConfig
 
     fields = _fields(positions)
+    model_fields = None if model is None else _fields(model)
     for name, method in METHODS.items():
-        if _fields(PositionConfig(**method.position_fields(window))) == fields:
-            return name
+        if _fields(PositionConfig(**method.position_fields(window))) != fields:
+            continue
+        if model_fields is not None:
+            wanted = {**{k: getattr(ModelConfig, k) for k in METHOD_MODEL_KEYS}, **method.model_fields(window)}
+            if any(model_fields.get(k, getattr(ModelConfig, k)) != v for k, v in wanted.items()):
+                continue
+        return name
     return str(fields.get("strategy", "?"))

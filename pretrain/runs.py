@@ -130,7 +130,8 @@ def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = 
         state, detail = _without_status(problem, run_dir, iteration, train_iters)
     else:
         state, detail = _state(status, iteration, train_iters, stale_after_s)
-    return Run(run_dir, name, size_name(config.model), method_name(config.positions, config.model.seq_length),
+    method = method_name(config.positions, config.model.seq_length, config.model)
+    return Run(run_dir, name, size_name(config.model), method,
                config.seed, iteration, train_iters, state, detail, config)
 
 

@@ -15,7 +15,9 @@ the same multiple of the window.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 EXTRAPOLATION = 8  # L = 8·w: RFS/RPE range, PosAug's b, and the reproduction's evaluation length
@@ -97,6 +99,12 @@ class Method:
     max_position_in_windows: int | None = None  # positions.max_position = this × window
     shipped: bool = False  # a config and a launcher per paper size
     model: dict = field(default_factory=dict)  # model.* fields the method needs (e.g. position embedding type)
+    # model.* fields that scale with the training window w: (name, w -> value)
+    model_in_windows: tuple[tuple[str, Callable[[int], float]], ...] = ()
+
+    def model_fields(self, window: int) -> dict:
+        """The `model` fields of a run of this method with training window `window`."""
+        return {**self.model, **{name: rule(window) for name, rule in self.model_in_windows}}
 
     def position_fields(self, window: int) -> dict:
         """The `positions` section of a run with training window `window`."""
@@ -106,10 +114,17 @@ class Method:
         return fields
 
 
+POSAUG = {"strategy": "posaug", "alpha_min": 1 / EXTRAPOLATION, "alpha_max": float(EXTRAPOLATION),
+          "alpha_distribution": "uniform"}
+P_ROPE = {"rope_proportion": 0.75}  # Barbero et al.'s p = 0.75 (Gemma 4's full-attention layers use 0.25)
+# Llama 4: every 4th layer NoPE, temperature β = 0.1 with F = its 8192-token pretraining window, so F = w here.
+I_ROPE = {"no_rope_freq": 4, "attn_temperature_tuning": True, "attn_temperature_beta": 0.1}
+I_ROPE_FLOOR = (("attn_temperature_floor", lambda window: window),)
+SSMAX = (("ssmax_scale", lambda window: 1.0 / math.log(window)),)  # s·log w = 1: plain softmax at the window's end
+
 METHODS: dict[str, Method] = {
     "baseline": Method({"strategy": "none"}, shipped=True),
-    "posaug": Method({"strategy": "posaug", "alpha_min": 1 / EXTRAPOLATION, "alpha_max": float(EXTRAPOLATION),
-                      "alpha_distribution": "uniform"}, shipped=True),
+    "posaug": Method(POSAUG, shipped=True),
     "posaug_step": Method({"strategy": "posaug", "curriculum": "step"}),
     "posaug_log_uniform": Method({"strategy": "posaug", "alpha_distribution": "log_uniform"}),
     "rfs": Method({"strategy": "rfs"}, max_position_in_windows=EXTRAPOLATION, shipped=True),
@@ -118,6 +133,13 @@ METHODS: dict[str, Method] = {
     # PosAug Table 15's other position encodings (no RoPE: evaluated on the Megatron backend, no HF export).
     "nope": Method({"strategy": "none"}, model={"position_embedding_type": "none"}),
     "alibi": Method({"strategy": "none"}, model={"position_embedding_type": "alibi"}),
+    # What 2025 models ship (megatron_ext.positions: prope, nope_interleave, ssmax, pose), alone and with PosAug.
+    "prope": Method({"strategy": "none"}, model=P_ROPE, shipped=True),
+    "irope": Method({"strategy": "none"}, model=I_ROPE, model_in_windows=I_ROPE_FLOOR, shipped=True),
+    "ssmax": Method({"strategy": "none"}, model_in_windows=SSMAX, shipped=True),
+    "pose": Method({"strategy": "pose", "pose_chunks": 2}, max_position_in_windows=EXTRAPOLATION, shipped=True),
+    "posaug_prope": Method(POSAUG, model=P_ROPE),
+    "posaug_irope": Method(POSAUG, model=I_ROPE, model_in_windows=I_ROPE_FLOOR),
 }
 SHIPPED_METHODS = tuple(name for name, method in METHODS.items() if method.shipped)
 
@@ -137,4 +159,4 @@ def method_overrides(name: str, window: int) -> list[str]:
         raise ValueError(f"unknown method {name!r}; choose one of {list(METHODS)}")
     method = METHODS[name]
     return ([f"positions.{k}={v}" for k, v in method.position_fields(window).items()]
-            + [f"model.{k}={v}" for k, v in method.model.items()])
+            + [f"model.{k}={v}" for k, v in method.model_fields(window).items()])

@@ -1,4 +1,5 @@
-"""Training-time RoPE position strategies (PosAug, random base, RFS, RPE, index warping).
+"""Training-time RoPE position strategies (PosAug, random base, RFS, RPE, index warping, PoSE), and the
+position rules of the model options p-RoPE, NoPE-interleaved layers with attention temperature and SSMax.
 
 Pure torch: nothing here imports Megatron. The RoPE hook consumes `RopePositions`.
 
@@ -40,11 +41,15 @@ Decisions where the sources leave room (each is tested):
 
 from .config import (ALPHA_DISTRIBUTIONS, CURRICULA, DEFAULT_GRANULARITY, GRANULARITIES, LAYER_MODES,
                      STRATEGIES, TAIL_FUNCTIONS, PositionConfig)
+from .nope_interleave import attention_temperature, nope_layers
+from .pose import pose_positions
+from .prope import kept_frequencies, prope_inv_freq
 from .rng import position_generator
 from .rope_positions import RopePositions
 from .sampler import PositionSampler, build_sampler
 from .scaling import (HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, RopeScaling, llama3_inv_freq,
                       rope_inv_freq, scaled_inv_freq, scaling_kind)
+from .ssmax import ssmax_factor
 
 __all__ = [
     "ALPHA_DISTRIBUTIONS",
@@ -61,7 +66,13 @@ __all__ = [
     "PositionSampler",
     "RopePositions",
     "RopeScaling",
+    "attention_temperature",
     "build_sampler",
+    "kept_frequencies",
+    "nope_layers",
+    "pose_positions",
+    "prope_inv_freq",
+    "ssmax_factor",
     "llama3_inv_freq",
     "position_generator",
     "rope_inv_freq",

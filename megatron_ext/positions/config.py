@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 from .scaling import ROPE_SCALING_KINDS
 
-STRATEGIES = ("none", "posaug", "random_base", "rfs", "rpe", "warp")
+STRATEGIES = ("none", "posaug", "random_base", "rfs", "rpe", "warp", "pose")
 ALPHA_DISTRIBUTIONS = ("uniform", "log_uniform", "discrete", "cycle", "fixed")
 CURRICULA = ("none", "linear", "step")
 LAYER_MODES = ("all", "bottom", "top", "independent")
@@ -15,9 +15,9 @@ TAIL_FUNCTIONS = ("sqrt", "beta_2_5")
 GRANULARITIES = ("per_step", "per_sample")
 # What each strategy's paper does when positions.granularity is not set: PosAug draws alpha
 # per step and Ruoss et al. (RPE) "per batch"; RFS samples per sequence; index warping
-# warps "a fraction of instances".
+# warps "a fraction of instances"; PoSE draws its chunks and biases per training example.
 DEFAULT_GRANULARITY = {"none": "per_step", "posaug": "per_step", "random_base": "per_step",
-                       "rfs": "per_sample", "rpe": "per_step", "warp": "per_sample"}
+                       "rfs": "per_sample", "rpe": "per_step", "warp": "per_sample", "pose": "per_sample"}
 
 # Positions are float32; integers above 2**24 are no longer exactly representable.
 MAX_POSITION_LIMIT = 2**24
@@ -87,7 +87,7 @@ def _floats(field: str, value: object) -> tuple[float, ...]:
 class PositionConfig:
     """Position strategy and its hyperparameters (YAML keys `positions.<field>`)."""
 
-    strategy: str = "none"  # none | posaug | random_base | rfs | rpe | warp
+    strategy: str = "none"  # none | posaug | random_base | rfs | rpe | warp | pose
     # per_step: one draw shared by the whole global batch of an optimizer step; per_sample: one
     # draw per sequence, keyed by its index in the global batch. None = the strategy's paper
     # default (DEFAULT_GRANULARITY). per_sample positions are [b, s] and use unfused RoPE.
@@ -115,8 +115,9 @@ class PositionConfig:
     base_min_factor: float = 0.125
     base_max_factor: float = 8.0
 
-    # rfs (scale L of the [0, 1) range) / rpe (integers drawn from {0..L-1}).
+    # rfs (scale L of the [0, 1) range) / rpe (integers drawn from {0..L-1}) / pose (target length L).
     max_position: int = 1000
+    pose_chunks: int = 2  # pose: chunks of the window, each with its own skipping bias (PoSE's N)
     # Legacy spelling of granularity (configs saved before it existed): true = per_sample,
     # false = per_step. Folded into granularity and reset to None on construction.
     per_sample: bool | None = None
@@ -207,6 +208,10 @@ class PositionConfig:
         if not 1 <= self.max_position <= MAX_POSITION_LIMIT:
             raise _err("max_position", f"in [1, {MAX_POSITION_LIMIT}] (float32 positions)", self.max_position)
 
+        self.pose_chunks = _int("pose_chunks", self.pose_chunks)
+        if self.pose_chunks < 1:
+            raise _err("pose_chunks", ">= 1", self.pose_chunks)
+
         self.p_head = _float("p_head", self.p_head)
         if not 0.0 <= self.p_head <= 1.0:
             raise _err("p_head", "a probability in [0, 1]", self.p_head)
@@ -264,6 +269,12 @@ class PositionConfig:
                 f"positions from {{0..max_position-1}}; set positions.max_position to at least "
                 f"{seq_len} (ideally the longest evaluation length)"
             )
+
+        if self.strategy == "pose" and not self.pose_chunks <= seq_len <= self.max_position:
+            raise ValueError(
+                f"positions.max_position (the target length, {self.max_position}) must be >= the sequence length "
+                f"{seq_len} >= positions.pose_chunks ({self.pose_chunks}) for strategy pose; set "
+                "positions.max_position to the length the model should reach")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

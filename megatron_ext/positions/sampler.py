@@ -34,6 +34,7 @@ from . import strategies
 from .config import PositionConfig
 from .rng import (PER_STEP, STREAM_ALPHA, STREAM_BASE, STREAM_EVAL, STREAM_LAYER_ALPHA,
                   STREAM_POSITIONS, position_generator)
+from .pose import pose_positions
 from .rope_positions import RopePositions
 from .scaling import RopeScaling, rope_inv_freq, scaled_inv_freq
 
@@ -138,6 +139,11 @@ class PositionSampler:
             return RopePositions(strategies.warp_positions(
                 uniforms, seq_len, p_head=cfg.p_head, p_tail=cfg.p_tail, head_alphas=head_alphas,
                 head_alpha_fixed=cfg.head_alpha_fixed, tail_function=cfg.tail_function, lengths=lengths))
+        if cfg.strategy == "pose":
+            cfg.validate_for(seq_len)
+            cut_keys = self._uniforms(step, samples, seq_len - 1, STREAM_POSITIONS, device)
+            biases = self._uniforms(step, samples, cfg.pose_chunks, STREAM_BASE, device)
+            return RopePositions(pose_positions(cut_keys, biases, seq_len, cfg.max_position))
         raise AssertionError(f"unhandled strategy {cfg.strategy!r}")  # guarded by PositionConfig
 
     def evaluation(self, seq_len: int, device: torch.device | str | None = None) -> RopePositions:
@@ -160,7 +166,7 @@ class PositionSampler:
             # (never stretching positions when evaluating at or below train_len).
             positions = strategies.scaled_positions(seq_len, min(1.0, self.train_seq_len / seq_len), device)
         else:
-            # none, posaug (alpha = 1) and random_base (the model's own base).
+            # none, posaug (alpha = 1), random_base (the model's own base) and pose (plain ids, as its paper).
             positions = strategies.scaled_positions(seq_len, 1.0, device)
         if cfg.rope_scaling == "none":
             return RopePositions(positions)

@@ -4,7 +4,10 @@ Per (row, seed) the evaluation records per-span losses; every number here is a f
 A row's metric is its mean over spans, then over seeds (± seed sd). A comparison of two rows is
 paired span by span within a seed (same tokens), its SE taken over spans, then combined over seeds
 (sqrt(sum se²) / n); it counts as a difference under the task suite's rule
-(`pretrain.tasks.compare.significance`): beyond 2 SE and beyond the seeds' spread.
+(`pretrain.tasks.compare.significance`): beyond 2 paired SE and beyond 2 seed SE (the sd of the per-seed
+differences / √seeds). A claimed similarity is reproduced only by an equivalence test (two one-sided
+tests, `pretrain.tasks.compare.equivalent`) against the margin EQUIVALENCE_FRACTION × |PosAug − baseline|
+in the same metric: more noise can no longer make "similar" come true.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from pathlib import Path
 
 from pretrain.experiments.ablation_tables import ROWS, TABLES, Claim, Conclusion, row_preset, rows_of
 from pretrain.experiments.presets import Preset
-from pretrain.tasks.compare import significance
+from pretrain.tasks.compare import equivalent, significance
 
 METRICS = {"cliff_4w": "cliff at 4w", "cliff_8w": "cliff at 8w", "gain": "G(4w)", "in_dist": "in-dist loss"}
 OPPOSITE = {"lower": "higher", "higher": "lower"}
+# "similar" means within this fraction of the PosAug − baseline effect in the same metric (two one-sided tests).
+EQUIVALENCE_FRACTION = 0.25
 
 
 def span_values(record: dict, metric: str) -> list[float] | None:
@@ -98,26 +103,46 @@ def compare(records: list[dict], row: str, other: str, metric: str) -> dict | No
         return None
     delta = _mean(deltas)
     se = math.sqrt(sum(s ** 2 for s in ses)) / len(ses)
-    spread = _sd(a_means) + _sd(b_means)
-    return {"delta": delta, "se": se, "spread": spread, "verdict": significance(delta, se, spread),
+    seed_se = _sd(deltas) / math.sqrt(len(deltas))  # the seeds' spread of the paired Δ, as an SE (0: one seed)
+    return {"delta": delta, "se": se, "seed_se": seed_se, "verdict": significance(delta, se, seed_se),
             "seeds": len(deltas)}
 
 
-def claim_verdict(expected: str, measured: str) -> str:
-    """'reproduced' | 'opposite' | 'no significant difference' of one comparison.
+def equivalence_margin(records: list[dict], metric: str) -> float | None:
+    """EQUIVALENCE_FRACTION × |PosAug − baseline| in `metric` (paired), or None when either is not measured."""
+    reference = compare(records, "posaug", "baseline", metric)
+    return None if reference is None else EQUIVALENCE_FRACTION * abs(reference["delta"])
+
+
+def claim_verdict(expected: str, measured: str, equivalent_within_margin: bool = False) -> str:
+    """'reproduced' | 'opposite' | 'no significant difference' | 'inconclusive' of one comparison.
 
     A claimed difference is reproduced when the measured one is significant in its direction and
-    opposite when significant the other way. A claimed similarity ('similar') is reproduced when no
-    significant difference is measured, and 'opposite' when one is. A claimed 'no better' ('not_lower' /
-    'not_higher') is reproduced unless the measured difference is significant the excluded way.
+    opposite when significant the other way. A claimed similarity ('similar') is reproduced only when the
+    equivalence test passes (`equivalent_within_margin`), opposite when a significant difference is measured,
+    and otherwise inconclusive: no difference measured is not evidence of none. A claimed 'no better'
+    ('not_lower' / 'not_higher') is reproduced unless the measured difference is significant the excluded way.
     """
     if expected == "similar":
-        return "reproduced" if measured == "no significant difference" else "opposite"
+        if measured != "no significant difference":
+            return "opposite"
+        return "reproduced" if equivalent_within_margin else "inconclusive"
     if expected.startswith("not_"):  # "no better than": only a significant difference the excluded way contradicts
         return "opposite" if measured == expected[4:] else "reproduced"
     if measured == expected:
         return "reproduced"
     return "opposite" if measured == OPPOSITE[expected] else "no significant difference"
+
+
+def overall_verdict(verdicts: list[str]) -> str:
+    """A conclusion's verdict from its claims': not measured > opposite > all reproduced > inconclusive > none."""
+    if "not measured" in verdicts:
+        return "not measured"
+    if "opposite" in verdicts:
+        return "opposite"
+    if all(v == "reproduced" for v in verdicts):
+        return "reproduced"
+    return "inconclusive" if "inconclusive" in verdicts else "no significant difference"
 
 
 def check(conclusion: Conclusion, records: list[dict], eval_factor: int, paper: dict | None = None) -> dict:
@@ -133,8 +158,15 @@ def check(conclusion: Conclusion, records: list[dict], eval_factor: int, paper: 
     for claim in conclusion.claims:
         metric = f"cliff_{eval_factor}w" if claim.metric == "cliff" else claim.metric
         result = compare(records, claim.row, claim.other, metric)
-        verdict = "not measured" if result is None else claim_verdict(claim.expected, result["verdict"])
+        margin = equivalence_margin(records, metric) if claim.expected == "similar" else None
+        if result is None or (claim.expected == "similar" and margin is None):
+            verdict = "not measured"
+        else:
+            within = margin is not None and equivalent(result["delta"], result["se"], result["seed_se"], margin)
+            verdict = claim_verdict(claim.expected, result["verdict"], within)
         part = {"claim": claim, "metric": metric, "result": result, "verdict": verdict}
+        if margin is not None:
+            part["margin"] = margin
         theirs = [paper.get(r, {}).get(claim.metric) for r in (claim.row, claim.other)]
         if None not in theirs:
             part["paper_delta"] = theirs[0] - theirs[1]
@@ -142,16 +174,7 @@ def check(conclusion: Conclusion, records: list[dict], eval_factor: int, paper: 
         if result is not None and reference is not None and {claim.row, claim.other} != {"posaug", "baseline"}:
             part["posaug_minus_baseline"] = reference["delta"]
         parts.append(part)
-    verdicts = [p["verdict"] for p in parts]
-    if "not measured" in verdicts:
-        overall = "not measured"
-    elif "opposite" in verdicts:
-        overall = "opposite"
-    elif all(v == "reproduced" for v in verdicts):
-        overall = "reproduced"
-    else:
-        overall = "no significant difference"
-    return {"text": conclusion.text, "verdict": overall, "parts": parts}
+    return {"text": conclusion.text, "verdict": overall_verdict([p["verdict"] for p in parts]), "parts": parts}
 
 
 def _num(entry: dict | None, digits: int = 3, sign: bool = False) -> str:
@@ -179,7 +202,9 @@ def _claim_text(part: dict) -> str:
     result = part["result"]
     if result is None:
         return f"{head}: not measured"
-    spread = f", seed spread {result['spread']:.3f}" if result["seeds"] > 1 else ""
+    spread = f", seed SE {result['seed_se']:.3f}" if result["seeds"] > 1 else ""
+    if "margin" in part:
+        spread += f", equivalence margin ±{part['margin']:.3f}"
     share = f"; PosAug − baseline {part['posaug_minus_baseline']:+.3f}" if "posaug_minus_baseline" in part else ""
     theirs = ""
     if "paper_delta" in part:
@@ -291,7 +316,7 @@ def write_report(out: Path, preset_name: str, preset: Preset, tables: list[int],
         sections.append(text)
     verdicts = [c["verdict"] for cs in checked.values() for c in cs]
     tally = ", ".join(f"{verdicts.count(v)} {v}" for v in ("reproduced", "opposite", "no significant difference",
-                                                          "not measured") if verdicts.count(v))
+                                                          "inconclusive", "not measured") if verdicts.count(v))
     plot = _plot(summary, records, tables, out / "cliff_vs_penalty.png")
     w = preset.window
     steps = {name: row_preset(preset, ROWS[name]).train_iters for name in ("baseline", "baseline_2w", "baseline_4w")}
@@ -312,9 +337,11 @@ paper's 512-token window is w/4). Δ = in-dist minus the same seed's baseline (p
 
 Numbers: mean over seeds ± SE over spans (seed sd in brackets with more than one seed). A conclusion holds
 ("reproduced") when every comparison it rests on is significant in the paper's direction — beyond 2 paired SE
-and beyond the seeds' spread, the task suite's rule — or, for a claimed similarity, shows no significant
-difference; "opposite" when a comparison is significant the other way (or a claimed similarity is not);
-otherwise "no significant difference". Verdicts: {tally}.
+and beyond 2 seed SE (the sd of the per-seed paired Δ / √seeds), the task suite's rule — or, for a claimed
+similarity, passes an equivalence test (two one-sided tests at 5 %: Δ ± 1.645·max(paired SE, seed SE) inside
+±{EQUIVALENCE_FRACTION:g} × |PosAug − baseline| in the same metric); "opposite" when a comparison is significant
+the other way (or a claimed similarity shows a significant difference); "inconclusive" when a similarity is
+neither shown nor refuted; otherwise "no significant difference". Verdicts: {tally}.
 
 The paper's cliffs differ between tables (its Tables 6–8 and 5 come from different ablation rounds, §4.5): compare
 our rows within a table, and the paper's rows within a table, not our values with its values.
@@ -332,9 +359,10 @@ our rows within a table, and the paper's rows within a table, not our values wit
         "gain_window", "gain_spans")}, "seeds": seeds, "planned": planned, "partial_missing": partial,
         "summary": summary, "timing": timing,
         "conclusions": {str(n): [{"text": c["text"], "verdict": c["verdict"], "parts": [
-            {"row": p["claim"].row, "other": p["claim"].other, "metric": p["metric"], "expected": p["claim"].expected,
+            {**(p["result"] or {}), "measured": (p["result"] or {}).get("verdict"),
+             "row": p["claim"].row, "other": p["claim"].other, "metric": p["metric"], "expected": p["claim"].expected,
              "verdict": p["verdict"], "paper_delta": p.get("paper_delta"),
-             "posaug_minus_baseline": p.get("posaug_minus_baseline"), **(p["result"] or {})}
+             "posaug_minus_baseline": p.get("posaug_minus_baseline"), "margin": p.get("margin")}
             for p in c["parts"]]} for c in cs]
             for n, cs in checked.items()}}
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))

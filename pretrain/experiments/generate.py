@@ -25,7 +25,7 @@ def config_dict(size: str, method: str) -> dict:
         "seed": 42,
         "preset": size,
         "model": {"seq_length": PAPER_WINDOW, "vocab_size": s.architecture["vocab_size"],
-                  "transformer_impl": "transformer_engine", "bf16": True, **m.model},
+                  "transformer_impl": "transformer_engine", "bf16": True, **m.model_fields(PAPER_WINDOW)},
         "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
                      "use_distributed_optimizer": True},
         "positions": m.position_fields(PAPER_WINDOW),

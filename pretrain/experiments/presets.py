@@ -10,10 +10,13 @@ from dataclasses import dataclass
 from pretrain.table import EXTRAPOLATION
 
 # Training-time method rows (names in table.METHODS); the paper's Tables 2/4/6/7.
-TRAINING_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs", "rpe", "warp", "nope", "alibi")
-# The default preset stays within ~30 min on 2 cores: NoPE/ALiBi rows (Table 15) run in cpu-long and
-# cpu-tiny, and in cpu-small with --methods.
-ROPE_METHODS = TRAINING_METHODS[:-2]
+PAPER_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs", "rpe", "warp", "nope", "alibi")
+# What 2025 models ship (p-RoPE, Llama 4's NoPE interleave, SSMax, PoSE), alone and combined with PosAug.
+MODERN_METHODS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope")
+TRAINING_METHODS = PAPER_METHODS + MODERN_METHODS
+# The default presets stay within ~30 min on 2 cores: NoPE/ALiBi rows (Table 15) run in cpu-long and
+# cpu-tiny, and in cpu-small with --methods; the MODERN_METHODS rows run with --methods (benchmarks/README.md).
+ROPE_METHODS = PAPER_METHODS[:-2]
 # Inference-time transforms applied to the baseline (paper §4.4: s = L_eval / w, default settings).
 INFERENCE = {"baseline+pi": "pi", "baseline+ntk": "ntk", "baseline+yarn": "yarn"}
 
@@ -36,7 +39,7 @@ class Preset:
     corpus_bytes: int
     valid_fraction: float
     gain_spans: int = 40  # exact G(C) costs a pass per target token: computed on the first spans only; 0 = skip
-    methods: tuple[str, ...] = TRAINING_METHODS
+    methods: tuple[str, ...] = PAPER_METHODS
     inference: tuple[str, ...] = tuple(INFERENCE)
 
     @property

@@ -71,7 +71,7 @@ def train_config(preset: Preset, method: str, seed: int, data_prefix: str, run_d
     row = METHODS[method]
     return config_module.from_dict(config_module.apply_overrides({
         "name": run_dir.name, "seed": seed, "preset": preset.model,
-        "model": {"seq_length": preset.window, "vocab_size": preset.vocab_size, **row.model},
+        "model": {"seq_length": preset.window, "vocab_size": preset.vocab_size, **row.model_fields(preset.window)},
         "positions": row.position_fields(preset.window),
         "data": {"data_path": data_prefix},
         "schedule": {"train_iters": iters, "global_batch_size": preset.global_batch_size,
@@ -121,9 +121,18 @@ def evaluate_run(run_dir: Path, label: str, seed: int, preset: Preset, spans: to
     from pretrain.evaluation.metrics import context_gain, per_position_loss, span_cliffs
     from pretrain.evaluation.scorers import load_scorer
 
-    # HF Llama has no NoPE/ALiBi: those runs are scored by the Megatron model itself (same losses, tested).
-    rope = METHODS[label].model.get("position_embedding_type", "rope") == "rope" if label in METHODS else True
-    scorer = load_scorer(run_dir, backend="hf" if rope else "megatron", rope_scaling=rope_scaling, name=label,
+    # What HF cannot express (NoPE, ALiBi, NoPE-interleave, SSMax) is scored by the Megatron model itself
+    # (same losses, tested).
+    from megatron_ext.model import ModelConfig
+    from pretrain.hf.export import check_exportable
+
+    try:
+        check_exportable(ModelConfig(**METHODS[label].model_fields(preset.window)) if label in METHODS
+                         else ModelConfig())
+        backend = "hf"
+    except ValueError:
+        backend = "megatron"
+    scorer = load_scorer(run_dir, backend=backend, rope_scaling=rope_scaling, name=label,
                          device="cuda" if torch.cuda.is_available() else "cpu")  # a GPU node of `--slurm`
     losses = per_position_loss(scorer, spans).double()  # [n, L-1]; index i = target position i+1
     per_span = span_cliffs(losses, preset.window, in_start=preset.in_dist_start)

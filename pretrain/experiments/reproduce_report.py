@@ -57,6 +57,7 @@ Inference-time rows apply PI / NTK-aware / YaRN (s = L/w, default settings) to t
 {chr(10).join(lines)}
 
 {_gain_note(summary, preset)}
+{_versus_text(records, order)}
 
 {' '.join(f"![{name}]({path.name})" for name, path in plots.items() if path is not None)}
 
@@ -66,6 +67,17 @@ Total time: {elapsed / 60:.1f} min.
     (out / "results.json").write_text(json.dumps({"preset": preset_name, "seeds": seeds, "summary": summary},
                                                  indent=1, default=str))
     return out / "report.md"
+
+
+def _versus_text(records: list[dict], order: list[str]) -> str:
+    """PosAug against each other trained row (pretrain.experiments.reproduce_versus), or nothing without PosAug."""
+    from pretrain.experiments.reproduce_versus import posaug_lines
+
+    lines = posaug_lines(records, order)
+    if not lines:
+        return ""
+    return ("\nPosAug against each trained row, paired span by span per seed (Δ = PosAug − row; lower is better for "
+            "both; a win or loss beats 2 paired SE and 2 seed SE, else a tie):\n\n" + "\n".join(lines) + "\n")
 
 
 def _gain_note(summary: dict, preset: Preset) -> str:

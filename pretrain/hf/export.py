@@ -39,10 +39,26 @@ def check_exportable(model_config: ModelConfig) -> None:
     if model_config.position_embedding_type != "rope":
         raise ValueError(f"cannot export: model.position_embedding_type={model_config.position_embedding_type!r}; "
                          "the HF Llama export needs rope (Llama has no other position encoding)")
+    if getattr(model_config, "ssmax_scale", None) is not None:
+        raise ValueError("cannot export: SSMax (model.ssmax_scale) has no transformers architecture that computes "
+                         "the same logits; evaluate it with --backend megatron")
+    if getattr(model_config, "no_rope_freq", None) is not None:
+        raise ValueError("cannot export: NoPE-interleaved layers (model.no_rope_freq) are not Llama; `export-hf` "
+                         "writes them as Llama 4 text (pretrain.hf.llama4), the megatron backend scores them")
     if model_config.rotary_interleaved:
         raise ValueError("cannot export: the checkpoint was trained with interleaved RoPE "
                          "(model.rotary_interleaved=true); HF Llama's rotate_half matches only "
                          "Megatron's default non-interleaved RoPE")
+
+
+def check_exportable_to_any(model_config: ModelConfig) -> None:
+    """Refuse what no export target (Llama / Qwen2, or Llama 4 text for NoPE-interleaved layers) expresses."""
+    if getattr(model_config, "no_rope_freq", None) is not None:
+        from pretrain.hf.llama4 import check_llama4_exportable
+
+        check_llama4_exportable(model_config)
+        return
+    check_exportable(model_config)
 
 
 def hf_model_type(model_config: ModelConfig) -> str:
@@ -168,7 +184,7 @@ def load_checkpoint_state(checkpoint: str | Path) -> tuple[dict[str, torch.Tenso
 
     record = ckpt.read_train_state(checkpoint)
     train_config = config_module.from_dict(record["config"])
-    check_exportable(train_config.model)
+    check_exportable_to_any(train_config.model)
     teardown = _ensure_single_process()
     try:
         model = build_model(train_config.model, ParallelConfig())
@@ -294,15 +310,24 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     check_output(output, overwrite)
     record = ckpt.read_train_state(checkpoint)
     train_config = config_module.from_dict(record["config"])
-    check_exportable(train_config.model)
+    nope_interleaved = train_config.model.no_rope_freq is not None  # → Llama 4 text (pretrain.hf.llama4)
+    check_exportable_to_any(train_config.model)
     source = _TokenizerSource(record, ckpt.resolve(checkpoint).parent, tokenizer, no_tokenizer,
                               train_config.model.vocab_size)
     scaling = rope_scaling_for(train_config, kind=rope_scaling, factor=factor, eval_length=eval_length)
 
     state, train_config, record = load_checkpoint_state(checkpoint)
     metadata = training_metadata(record, train_config, scaling)
-    hf = megatron_to_llama(state, train_config.model, rope_scaling=scaling, **source.ids,
-                           **{TRAINING_METADATA_KEY: metadata})
+    if nope_interleaved:
+        from pretrain.hf.llama4 import megatron_to_llama4
+
+        if scaling is not None:
+            raise ValueError("cannot export RoPE scaling with NoPE-interleaved layers (Llama 4 text): drop "
+                             "--rope-scaling")
+        hf = megatron_to_llama4(state, train_config.model, **source.ids, **{TRAINING_METADATA_KEY: metadata})
+    else:
+        hf = megatron_to_llama(state, train_config.model, rope_scaling=scaling, **source.ids,
+                               **{TRAINING_METADATA_KEY: metadata})
     hf.generation_config = GenerationConfig(do_sample=False, **{k: v for k, v in source.ids.items() if v is not None})
     hf = hf.to(getattr(torch, dtype))
 

@@ -95,6 +95,14 @@ def rope_scaling_for(train_config, *, kind: str | None = None, factor: float | N
 def hf_rope_fields(model_config, scaling: RopeScaling | None) -> dict[str, Any]:
     """config.json fields (both transformers layouts) for RoPE(model_config) under `scaling` (or its own llama3)."""
     theta, n_train = float(model_config.rotary_base), int(model_config.seq_length)
+    proportion = float(getattr(model_config, "rope_proportion", 1.0))
+    if proportion < 1.0:  # p-RoPE is transformers' "proportional" (same frequencies, same ⌊p·d/2⌋ kept)
+        if scaling is not None:
+            raise ValueError(f"a p-RoPE model (model.rope_proportion={proportion:g}) cannot also ship RoPE scaling "
+                             f"{scaling.kind!r}: an HF config holds one rope type")
+        parameters = {"rope_type": "proportional", "rope_theta": theta, "partial_rotary_factor": proportion}
+        return {"max_position_embeddings": n_train, "rope_theta": theta, "rope_scaling": dict(parameters),
+                "rope_parameters": parameters}
     if getattr(model_config, "use_rope_scaling", False):
         if scaling is not None:
             raise ValueError("the model carries Llama 3 RoPE scaling (model.use_rope_scaling); an HF config "

@@ -4,15 +4,19 @@ Every sentence here is a function of the measured accuracies and their binomial 
 the only constants are the papers' published numbers (PAPER_CLAIMS), each quoted with its
 source and metric. A difference counts as real when it exceeds 2 SE of the difference (SEs of
 the two means combined as if independent; both methods see the same held-out examples, so this
-is conservative for paired differences).
+is conservative for paired differences) and 2 seed SEs (the sd over seeds of the per-seed
+differences / sqrt(seeds)): the spread of the seeds measured as a standard error, not as a sum of
+ranges that grows with every seed. A claimed similarity needs an equivalence test
+(`equivalent`: two one-sided tests against a stated margin), never just "no difference measured".
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
-from .verdict import BASELINE, GATE, gate
+from .verdict import BASELINE, GATE, TOST_Z, Z, equivalent, gate, seed_se, significance  # noqa: F401
 
 SEEN_TARGET = GATE  # the baseline must learn the task in distribution, else unseen numbers test nothing
 
@@ -64,18 +68,12 @@ def _pct(entry: dict, metric: str = "accuracy") -> str:
 def difference(a: dict, b: dict, metric: str = "accuracy") -> tuple[float, float, str]:
     """(a − b, SE of the difference, 'higher' | 'lower' | 'no significant difference').
 
-    Significant means beyond 2 binomial SEs and, with several seeds, beyond the seeds' spread (sd_a + sd_b), the
-    rule the tables' bold and the rankings use: a gap that one more seed could close is no verdict.
+    Significant means beyond 2 binomial SEs and, with several seeds, beyond 2 seed SEs of the per-seed differences
+    (`significance`), the rule the tables' bold and the rankings use.
     """
-    se_key, sd_key = _spread_keys(metric)
+    se_key = _spread_keys(metric)[0]
     delta, se = a[metric] - b[metric], math.sqrt(a[se_key] ** 2 + b[se_key] ** 2)
-    return delta, se, significance(delta, se, a.get(sd_key, 0.0) + b.get(sd_key, 0.0))
-
-
-def significance(delta: float, se: float, spread: float = 0.0) -> str:
-    """'higher' | 'lower' | 'no significant difference': a difference counts beyond 2 SE and beyond the seeds'
-    spread (sd_a + sd_b; 0 with one seed)."""
-    return "no significant difference" if abs(delta) <= max(2 * se, spread) else ("higher" if delta > 0 else "lower")
+    return delta, se, significance(delta, se, seed_se(a, b, metric))
 
 
 def all_lengths(row: dict, count: int) -> dict:
@@ -86,7 +84,8 @@ def all_lengths(row: dict, count: int) -> dict:
     accuracy = [a for a, _ in pairs]
     n = count * len(row["seeds"])
     se = math.sqrt(sum(a * (1 - a) / n for a in accuracy)) / len(accuracy)
-    return {"accuracy": sum(accuracy) / len(accuracy), "se": se, "sd": sum(sd for _, sd in pairs) / len(pairs)}
+    return {"accuracy": sum(accuracy) / len(accuracy), "se": se, "sd": sum(sd for _, sd in pairs) / len(pairs),
+            "n_seeds": len(row["seeds"])}
 
 
 def reach(row: dict, threshold: float = 0.5) -> int:

@@ -110,7 +110,8 @@ def ranking_text(summary: dict[str, dict[str, dict]], methods: list[str]) -> str
             text.append(f"No ranking in {name}: no task passes the gate with every method run.")
             continue
         lines = [f"**Ranking, {name} on unseen lengths**, over the {len(ranked[0]['tasks'])} tasks that pass the "
-                 f"gate ({', '.join(ranked[0]['tasks'])}); beats / trails RoPE = beyond the spread", "",
+                 f"gate ({', '.join(ranked[0]['tasks'])}); beats / trails RoPE = beyond 2 binomial SE and 2 seed SE of "
+                 "the per-seed differences", "",
                  "| method | mean % | mean rank | beats RoPE on | trails RoPE on |", "|---|---|---|---|---|"]
         for e in ranked:
             lines.append(f"| {e['method']} | {100 * e['mean']:.1f} | {e['mean_rank']:.2f} | "

@@ -3,8 +3,8 @@
 A task's unseen-length numbers test length generalisation only if the RoPE baseline learned the
 task in distribution, so a task whose baseline misses the gate (mean exact match on seen lengths
 over seeds < GATE) gets no verdict and no place in any ranking. A method "wins" over another only
-where its advantage exceeds the spread: more than the sum of both seed standard deviations
-(mean ± sd intervals do not overlap) and more than 2 binomial SEs of the difference.
+where its advantage exceeds 2 binomial SEs of the difference and 2 seed SEs of the per-seed
+differences (pretrain.tasks.compare.significance).
 """
 
 from __future__ import annotations
@@ -90,13 +90,49 @@ def gate(summary: dict[str, dict[str, dict]]) -> dict[str, dict]:
     return out
 
 
+Z = 2.0  # a difference counts beyond Z standard errors (paired/binomial, and over seeds)
+TOST_Z = 1.645  # two one-sided tests at 5 % each: the 90 % interval must lie inside ±margin
+
+
+def seed_se(a: dict, b: dict, metric: str = "accuracy") -> float:
+    """SE over seeds of the per-seed differences a − b (paired by seed); 0 with fewer than 2 common seeds.
+
+    Summaries without per-seed values (compare.all_lengths) give sd and n_seeds: then sqrt(sd_a² + sd_b²) / √n."""
+    if "per_seed" not in a or "per_seed" not in b:
+        n = min(a.get("n_seeds", 1), b.get("n_seeds", 1))
+        sd_key = "sd" if metric == "accuracy" else "token_sd"
+        return math.sqrt(a.get(sd_key, 0.0) ** 2 + b.get(sd_key, 0.0) ** 2) / math.sqrt(n) if n > 1 else 0.0
+    per_a = {p["seed"]: p.get(metric) for p in a.get("per_seed", [])}
+    per_b = {p["seed"]: p.get(metric) for p in b.get("per_seed", [])}
+    deltas = [per_a[s] - per_b[s] for s in per_a if s in per_b and per_a[s] is not None and per_b[s] is not None]
+    return statistics.stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else 0.0
+
+
+def significance(delta: float, se: float, seed_spread_se: float = 0.0) -> str:
+    """'higher' | 'lower' | 'no significant difference': a difference counts beyond Z·SE and beyond Z·(seed SE).
+
+    `seed_spread_se` is the seeds' spread as a standard error of the difference (0 with one seed)."""
+    if not math.isfinite(se):
+        se = 0.0
+    threshold = Z * max(se, seed_spread_se)
+    return "no significant difference" if abs(delta) <= threshold else ("higher" if delta > 0 else "lower")
+
+
+def equivalent(delta: float, se: float, seed_spread_se: float, margin: float) -> bool:
+    """Two one-sided tests: is |a − b| < margin at 5 % each side (Δ ± 1.645·max(SE, seed SE) inside ±margin)?"""
+    if not (margin > 0 and math.isfinite(margin)):
+        return False
+    uncertainty = max(se if math.isfinite(se) else 0.0, seed_spread_se)
+    return abs(delta) + TOST_Z * uncertainty < margin
+
+
 def exceeds(a: dict, b: dict, metric: str = "accuracy") -> bool:
-    """Is a's advantage over b (in `metric`) larger than the seed spread and than 2 binomial SEs?"""
-    se_key, sd_key = ("se", "sd") if metric == "accuracy" else ("token_se", "token_sd")
+    """Is a's advantage over b (in `metric`) larger than 2 binomial SEs and 2 seed SEs (`significance`)?"""
+    se_key = "se" if metric == "accuracy" else "token_se"
     if a.get(metric) is None or b.get(metric) is None:
         return False
-    delta = a[metric] - b[metric]
-    return delta > a.get(sd_key, 0.0) + b.get(sd_key, 0.0) and delta > 2 * math.sqrt(a[se_key] ** 2 + b[se_key] ** 2)
+    delta, se = a[metric] - b[metric], math.sqrt(a[se_key] ** 2 + b[se_key] ** 2)
+    return significance(delta, se, seed_se(a, b, metric)) == "higher"
 
 
 def best(rows: dict[str, dict], methods: list[str], part: str = "unseen", metric: str = "accuracy") -> str | None:

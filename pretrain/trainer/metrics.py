@@ -35,7 +35,7 @@ def config_summary(config) -> str:
 
     model = config.model
     precision = "fp8" if model.fp8 else "bf16" if model.bf16 else "fp32"
-    return (f"{config.name} | size {size_name(model)} | method {method_name(config.positions, model.seq_length)} | "
+    return (f"{config.name} | size {size_name(model)} | method {method_name(config.positions, model.seq_length, model)} | "
             f"seed {config.seed} | w={model.seq_length} | {model.transformer_impl} layers, {precision} | "
             f"lr {config.optimizer.lr:g}")
 

@@ -188,13 +188,25 @@ def test_a_difference_inside_the_seed_spread_is_not_significant_even_beyond_two_
                _cliffs("baseline", 2, [2.0] * 6), _cliffs("a", 2, [1.9] * 6)]
     for r in records:  # break the exact ties so the paired SE is finite and small
         r["per_span"]["ood_4w"][0] += 1e-4
+    records[2]["per_span"]["ood_4w"] = [o - 0.3 for o in records[2]["per_span"]["ood_4w"]]  # seed 2: Δ -0.4, not -0.1
     result = compare(records, "a", "baseline", "cliff_4w")
-    assert abs(result["delta"]) > 2 * result["se"] and abs(result["delta"]) < result["spread"]
+    assert abs(result["delta"]) > 2 * result["se"] and abs(result["delta"]) <= 2 * result["seed_se"]
     assert result["verdict"] == "no significant difference"
 
 
-def test_a_claimed_similarity_is_reproduced_without_a_significant_difference_and_opposite_with_one():
-    assert claim_verdict("similar", "no significant difference") == "reproduced"
+def test_the_seed_spread_enters_as_the_standard_error_of_the_per_seed_differences():
+    records = [_cliffs("baseline", 1, [1.0] * 6), _cliffs("a", 1, [0.9] * 6),
+               _cliffs("baseline", 2, [2.0] * 6), _cliffs("a", 2, [1.5] * 6)]
+    for r in records:
+        r["per_span"]["ood_4w"][0] += 1e-4
+    result = compare(records, "a", "baseline", "cliff_4w")
+    assert result["seed_se"] == pytest.approx(abs(-0.1 - -0.5) / 2, abs=1e-4)  # sd of (-0.1, -0.5) / sqrt(2)
+    assert result["verdict"] == "no significant difference"  # |Δ| = 0.3 < 2 seed SE = 0.4
+
+
+def test_a_claimed_similarity_needs_equivalence_and_is_opposite_with_a_significant_difference():
+    assert claim_verdict("similar", "no significant difference", True) == "reproduced"
+    assert claim_verdict("similar", "no significant difference", False) == "inconclusive"
     assert claim_verdict("similar", "lower") == "opposite"
     assert claim_verdict("lower", "higher") == "opposite"
     assert claim_verdict("higher", "no significant difference") == "no significant difference"
@@ -290,3 +302,35 @@ def test_cpu_tiny_runs_every_table_end_to_end_and_resumes(tmp_path):
     second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "training " not in second.stdout  # every run and evaluation reused
+
+
+SIMILAR = Conclusion("a keeps the baseline's cliff", (Claim("a", "baseline", "cliff", "similar"),))
+
+
+def _with_posaug(a_cliffs, seeds=(1,)):
+    """Baseline cliffs 1.0, PosAug 0.2 (effect -0.8, margin 0.2), row a as given, per seed."""
+    out = []
+    for seed in seeds:
+        out += [_cliffs("baseline", seed, [1.0, 1.02, 0.98, 1.0, 1.01, 0.99]),
+                _cliffs("posaug", seed, [0.2, 0.22, 0.18, 0.2, 0.21, 0.19]), _cliffs("a", seed, a_cliffs[seed])]
+    return out
+
+
+def test_a_similarity_inside_the_margin_with_small_errors_is_reproduced_by_equivalence():
+    records = _with_posaug({1: [1.01, 1.0, 0.99, 1.02, 1.0, 0.98]})
+    result = check(SIMILAR, records, 4)
+    assert result["verdict"] == "reproduced"
+    assert result["parts"][0]["margin"] == pytest.approx(0.25 * 0.8, rel=0.05)
+
+
+def test_a_similarity_with_errors_wider_than_the_margin_is_inconclusive_not_reproduced():
+    # No significant difference (huge span noise), but the 90 % interval reaches past ±margin: no evidence either way.
+    records = _with_posaug({1: [1.9, 0.1, 1.8, 0.2, 1.7, 0.3]})
+    result = check(SIMILAR, records, 4)
+    assert result["parts"][0]["result"]["verdict"] == "no significant difference"
+    assert result["verdict"] == "inconclusive"
+
+
+def test_a_similarity_without_the_reference_effect_is_not_measured():
+    records = [_cliffs("baseline", 1, [1.0] * 6), _cliffs("a", 1, [1.0] * 6)]
+    assert check(SIMILAR, records, 4)["verdict"] == "not measured"

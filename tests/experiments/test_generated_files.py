@@ -3,6 +3,7 @@
 import pytest
 
 from pretrain.experiments.generate import FIND_PROJECT_ROOT, REPO, generated_files
+from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
 
 GENERATED = generated_files()
 
@@ -15,7 +16,7 @@ def test_checked_in_file_equals_the_generator_output(path):
 def test_every_shipped_config_has_a_launcher_and_nothing_else_is_generated():
     configs = {p.stem for p in GENERATED if p.suffix == ".yaml"}
     launchers = {p.stem.removeprefix("pretrain_") for p in GENERATED if p.suffix == ".sh"}
-    assert configs == launchers and len(configs) == 25
+    assert configs == launchers and len(configs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) == 45
 
 
 @pytest.mark.parametrize("script", ["data_prep.sh", "reproduce_stage.sh"])

@@ -22,9 +22,24 @@ def test_a_difference_within_two_standard_errors_is_not_significant():
     assert difference(part(0.42), part(0.4))[2] == "no significant difference"
 
 
-def test_a_difference_within_the_seeds_spread_is_not_significant_however_small_the_se():
-    assert difference({**part(0.5), "sd": 0.06}, {**part(0.4), "sd": 0.05})[2] == "no significant difference"
-    assert difference({**part(0.5), "sd": 0.04}, {**part(0.4), "sd": 0.05})[2] == "higher"
+def _seeds(entry, *values):
+    return {**entry, "per_seed": [{"seed": s, "accuracy": v} for s, v in enumerate(values)]}
+
+
+def test_a_difference_within_two_seed_ses_of_the_per_seed_differences_is_not_significant_however_small_the_se():
+    # per-seed Δ 0.2 and 0.0: seed SE 0.1, so Δ 0.1 is inside 2 seed SE
+    assert difference(_seeds(part(0.5), 0.6, 0.4), _seeds(part(0.4), 0.4, 0.4))[2] == "no significant difference"
+    # per-seed Δ 0.12 and 0.08: seed SE 0.02, Δ 0.1 beyond it (the old sum of sds, 0.06 + 0, would not matter)
+    assert difference(_seeds(part(0.5), 0.52, 0.48), _seeds(part(0.4), 0.4, 0.4))[2] == "higher"
+
+
+def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin():
+    from pretrain.tasks.compare import equivalent
+
+    assert equivalent(0.01, 0.01, 0.0, margin=0.05)  # 0.01 + 1.645·0.01 < 0.05
+    assert not equivalent(0.01, 0.03, 0.0, margin=0.05)  # no difference measured, yet not shown equivalent
+    assert not equivalent(0.01, 0.01, 0.03, margin=0.05)  # the seeds' spread counts too
+    assert not equivalent(0.0, 0.0, 0.0, margin=0.0)
 
 
 def test_findings_say_which_methods_beat_and_which_do_not_beat_the_baseline():

@@ -91,13 +91,16 @@ def test_the_report_marks_an_unlearned_task_and_bolds_nothing_in_its_row(tmp_pat
     assert (tmp_path / "accuracy_sort.png").stat().st_size > 0
 
 
-def part(accuracy, sd, se=0.01):
-    return {"accuracy": accuracy, "sd": sd, "se": se}
+def part(accuracy, spread, se=0.01):
+    """Two seeds at accuracy ± spread (per-seed values, from which the seed SE of a difference is taken)."""
+    return {"accuracy": accuracy, "se": se,
+            "per_seed": [{"seed": 1, "accuracy": accuracy + spread}, {"seed": 2, "accuracy": accuracy - spread}]}
 
 
 def test_an_advantage_within_the_seed_spread_is_not_a_win():
-    assert not exceeds(part(0.60, 0.08), part(0.50, 0.05))  # 0.10 < 0.08 + 0.05
-    assert exceeds(part(0.70, 0.08), part(0.50, 0.05))
+    # per-seed Δ 0.10 ± (0.08 + 0.05): seed SE 0.13, 2 seed SE 0.26 > 0.10
+    assert not exceeds(part(0.60, 0.08), part(0.50, -0.05))
+    assert exceeds(part(0.70, 0.02), part(0.50, -0.01))
 
 
 def test_an_advantage_within_two_binomial_ses_is_not_a_win_even_without_spread():
@@ -106,7 +109,7 @@ def test_an_advantage_within_two_binomial_ses_is_not_a_win_even_without_spread()
 
 def test_the_row_best_is_bolded_only_when_its_lead_over_the_runner_up_exceeds_the_spread():
     rows = {"rope": {"unseen": part(0.1, 0.01)}, "rfs": {"unseen": part(0.8, 0.05)},
-            "rpe": {"unseen": part(0.75, 0.05)}}
+            "rpe": {"unseen": part(0.75, -0.05)}}
     assert best(rows, ["rope", "rfs", "rpe"]) is None
-    rows["rpe"]["unseen"] = part(0.5, 0.05)
+    rows["rpe"]["unseen"] = part(0.5, 0.05)  # the same seed offsets as rfs: Δ 0.3 on both seeds
     assert best(rows, ["rope", "rfs", "rpe"]) == "rfs"

@@ -1,0 +1,63 @@
+"""PosAug against every other trained row of a reproduction: wins, losses and ties, paired span by span.
+
+Per seed, both models were evaluated on the same spans, so PosAug − other is paired over spans (SE over spans);
+over seeds the Δs are averaged, their SEs combined (sqrt(sum se²) / n), and the seeds' spread enters as the SE of
+the per-seed Δs. A win or loss must beat 2 of each (pretrain.tasks.verdict.significance); otherwise it is a tie
+("no significant difference", which is not a shown equivalence).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from pretrain.tasks.verdict import significance
+
+METRICS = {"cliff": "cliff", "in_dist": "in-dist loss"}
+
+
+def _values(record: dict, metric: str) -> list[float]:
+    spans = record["per_span"]
+    if metric == "in_dist":
+        return spans["in_dist"]
+    return [o - i for o, i in zip(spans["ood"], spans["in_dist"])]
+
+
+def versus(records: list[dict], reference: str, other: str, metric: str) -> dict | None:
+    """reference − other in `metric` paired over spans per seed: {delta, se, seed_se, verdict, seeds} or None."""
+    by = {(r["label"], r["seed"]): r for r in records}
+    deltas, ses = [], []
+    for seed in sorted({s for label, s in by if label == reference}):
+        if (other, seed) not in by:
+            continue
+        a, b = _values(by[(reference, seed)], metric), _values(by[(other, seed)], metric)
+        differences = [x - y for x, y in zip(a, b)]
+        deltas.append(sum(differences) / len(differences))
+        ses.append(statistics.stdev(differences) / math.sqrt(len(differences)))
+    if not deltas:
+        return None
+    delta, se = sum(deltas) / len(deltas), math.sqrt(sum(s * s for s in ses)) / len(ses)
+    seed_se = statistics.stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else 0.0
+    return {"delta": delta, "se": se, "seed_se": seed_se, "verdict": significance(delta, se, seed_se),
+            "seeds": len(deltas)}
+
+
+def posaug_lines(records: list[dict], labels: list[str], reference: str = "posaug") -> list[str]:
+    """One markdown line per other trained row: where `reference` wins, loses or ties (lower is better)."""
+    if not any(r["label"] == reference for r in records):
+        return []
+    lines = []
+    for label in labels:
+        if label in (reference, "baseline") or "+" in label:
+            continue
+        parts = []
+        for metric, name in METRICS.items():
+            result = versus(records, reference, label, metric)
+            if result is None:
+                continue
+            word = {"lower": "wins", "higher": "loses", "no significant difference": "ties"}[result["verdict"]]
+            parts.append(f"{name} {word} (Δ {result['delta']:+.3f} ± {result['se']:.3f} paired SE, seed SE "
+                         f"{result['seed_se']:.3f}, {result['seeds']} seed{'s' if result['seeds'] > 1 else ''})")
+        if parts:
+            lines.append(f"- {reference} vs **{label}**: " + "; ".join(parts) + ".")
+    return lines
