@@ -28,13 +28,13 @@ set -euo pipefail
 MODEL_SIZE=42m
 METHOD=pose
 
+LAUNCHER_FILE=${BASH_SOURCE[0]}
 # sbatch runs a copy of this file from slurmd's spool directory, so inside a job $0 does not lead back
 # to the project: use POSAUG_ROOT, else this file's directory (bash, dry runs), else the path sbatch was
 # given (scontrol's Command=; the first line, as an array's last task shows every task), else the
 # submit directory.
-LAUNCHER_FILE=${BASH_SOURCE[0]}
 if [ -z "${POSAUG_ROOT:-}" ]; then
-    for _dir in "$(dirname "$LAUNCHER_FILE")/.." \
+    for _dir in "$(dirname "${BASH_SOURCE[0]}")/.." \
                 "$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p' | head -n1)")/.." \
                 "${SLURM_SUBMIT_DIR:-.}"; do
         if [ -f "$_dir/slurm/common.sh" ]; then POSAUG_ROOT=$(cd "$_dir" && pwd); break; fi
