@@ -18,6 +18,12 @@ COMMANDS = {
     "selfcheck": ("pretrain.selfcheck", "main", "first-contact check: versions, devices, a tiny training, GPU paths"),
     "plan": ("pretrain.plan.cli", "main", "memory per GPU, step time, wall clock and GPU-hours before a run starts"),
 }
+# command -> (module, function) of a parser built without torch: `python -m pretrain` parses with it first, so
+# `--help` and a wrong invocation answer before the command's module (and torch) is imported.
+LIGHT_PARSERS = {
+    "export-hf": ("pretrain.hf.arguments", "export_parser"),
+    "import-hf": ("pretrain.hf.arguments", "import_parser"),
+}
 USAGE = "usage: python -m pretrain <command> [options]   (python -m pretrain <command> --help: its options)"
 
 
@@ -36,10 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     module_name, function, _ = COMMANDS[argv[0]]
     import importlib
 
+    if argv[0] in LIGHT_PARSERS:
+        parser_module, parser_function = LIGHT_PARSERS[argv[0]]
+        getattr(importlib.import_module(parser_module), parser_function)().parse_args(argv[1:])
+
     from pretrain.console import quiet_known_warnings
 
     quiet_known_warnings()  # before Megatron is imported: its warnings fire at import time
-    import pretrain.tasks.source  # noqa: F401  registers the task data behind `data.task` with the trainer
+    import pretrain.tasks  # noqa: F401  registers the task data behind `data.task` with the trainer (no torch)
 
     return getattr(importlib.import_module(module_name), function)(argv[1:])
 

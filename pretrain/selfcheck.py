@@ -18,9 +18,10 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch  # annotations only: the checks import torch when they run, so `--help` does not
 
 PACKAGES = ("torch", "megatron-core", "transformer-engine", "apex", "transformers")
 REQUIRED = ("torch", "megatron-core")
@@ -46,6 +47,8 @@ def _tiny_model(**overrides):
 
 
 def _batch(model, batch_size: int = 4, seed: int = 0) -> dict:
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, model.vocab_size, (batch_size, model.seq_length + 1), generator=generator)
     return {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": torch.ones(batch_size, model.seq_length)}
@@ -53,6 +56,8 @@ def _batch(model, batch_size: int = 4, seed: int = 0) -> dict:
 
 def _train_steps(model, steps: int, batch_size: int, lr: float = 3e-3) -> tuple[list[float], float]:
     """(losses, seconds per step after the first) of `steps` optimizer steps on one repeated batch."""
+    import torch
+
     from megatron_ext.model import ParallelConfig
     from megatron_ext.positions import PositionConfig, build_sampler
     from pretrain.trainer.config import OptimizerSettings
@@ -107,6 +112,8 @@ def check_megatron_core_range() -> str:
 
 def check_devices() -> str:
     """CPU threads and CUDA devices."""
+    import torch
+
     text = f"CPU: {torch.get_num_threads()} threads"
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -118,6 +125,8 @@ def check_devices() -> str:
 
 def check_tiny_training() -> str:
     """5 steps of the tiny model (local layers, fp32, PosAug positions): finite, decreasing loss; tok/s, MFU."""
+    import torch
+
     model = _tiny_model(transformer_impl="local", bf16=False)
     losses, step_s = _train_steps(model, steps=5, batch_size=4)
     if not all(torch.isfinite(torch.tensor(losses))):
@@ -140,6 +149,8 @@ def _mfu_text(model, micro_batch_size: int, tokens_per_s: float) -> str:
 
 def check_sdpa_vs_megatron_attention() -> str:
     """Local layers: SDPA core attention and Megatron's DotProductAttention, same weights, same logits (fp32)."""
+    import torch
+
     from megatron_ext.model import build_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -160,6 +171,8 @@ def check_sdpa_vs_megatron_attention() -> str:
 
 
 def _need_cuda(te: bool = True) -> None:
+    import torch
+
     if not torch.cuda.is_available():
         raise Skip("no CUDA")
     if te:
@@ -170,6 +183,8 @@ def _need_cuda(te: bool = True) -> None:
 
 
 def _logits(module, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    import torch
+
     with torch.no_grad():
         return module(tokens, positions, None).float()
 
@@ -194,6 +209,8 @@ def _same_weights(source, target) -> None:
 
 def check_te_vs_local() -> str:
     """Transformer Engine layers and local layers with the same weights give the same logits (fp32)."""
+    import torch
+
     _need_cuda()
     from megatron_ext.model import build_model
 
@@ -210,6 +227,8 @@ def check_te_vs_local() -> str:
 
 def check_fused_vs_unfused_rope() -> str:
     """Float positions α·i as [s] (TE fused RoPE) and as [b, s] with equal rows (unfused) agree."""
+    import torch
+
     _need_cuda()
     from megatron_ext.model import build_model
 
@@ -228,6 +247,8 @@ def check_fused_vs_unfused_rope() -> str:
 
 def check_bf16_vs_fp32() -> str:
     """The same weights give the same loss in bf16 and fp32 (within bf16 precision)."""
+    import torch
+
     _need_cuda(te=False)
     from megatron_ext.model import build_model
 
@@ -247,6 +268,8 @@ def check_bf16_vs_fp32() -> str:
 
 def check_fp8_step() -> str:
     """One FP8 (hybrid, delayed scaling) training step gives a finite loss (Hopper or newer)."""
+    import torch
+
     _need_cuda()
     if torch.cuda.get_device_capability() < (9, 0):
         raise Skip(f"FP8 needs compute capability 9.0+, this GPU has {torch.cuda.get_device_capability()}")

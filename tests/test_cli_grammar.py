@@ -54,7 +54,8 @@ EVERY_PARSER = [["train"], ["plan"], ["reproduce"], ["reproduce", "--slurm"], ["
                 ["reproduce", "--suite", "ablations"], ["runs", "d"], ["demo"], ["selfcheck"], ["eval", "report", "r"],
                 ["export-hf"], ["import-hf"], ["data_prep", "build"]]
 # the commands whose --help must not import torch
-LIGHT_HELP = [[], ["train"], ["plan"], ["reproduce"], ["reproduce", "--slurm"], ["runs"], ["demo"]]
+LIGHT_HELP = [[], ["train"], ["plan"], ["reproduce"], ["reproduce", "--slurm"], ["reproduce", "--suite", "tasks"],
+              ["reproduce", "--suite", "ablations"], ["runs"], ["demo"], ["selfcheck"], ["export-hf"], ["import-hf"]]
 
 
 @pytest.mark.parametrize("argv,dest", WITH_SET, ids=lambda v: " ".join(v) if isinstance(v, list) else v)
@@ -129,6 +130,16 @@ def test_help_does_not_import_torch(argv):
     assert proc.returncode == 0 and proc.stdout.endswith("ok\n"), proc.stderr
 
 
+def test_the_torch_free_copies_of_the_rope_scaling_tables_equal_the_originals():
+    from megatron_ext.positions import scaling
+    from pretrain.hf import arguments
+
+    assert arguments.ROPE_SCALING_KINDS == scaling.ROPE_SCALING_KINDS
+    assert arguments.ROPE_SCALING_ALIASES == scaling.ROPE_SCALING_ALIASES
+    for name in (*scaling.ROPE_SCALING_KINDS, *scaling.ROPE_SCALING_ALIASES, ""):
+        assert arguments.cli_scaling_kind(name) == scaling.scaling_kind(name)
+
+
 def test_data_prep_help_does_not_import_torch():
     code = ("import sys\nfrom data_prep.cli import main\ntry:\n    main(['build', '--help'])\nexcept SystemExit:\n"
             "    pass\nassert 'torch' not in sys.modules\nprint('ok')")
@@ -140,7 +151,7 @@ def test_reproduce_help_shows_the_suites_and_the_slurm_mode(capsys):
     with pytest.raises(SystemExit):
         pretrain_main(["reproduce", "--help"])
     out = capsys.readouterr().out
-    assert "--suite {lm,tasks,ablations}" in out and "--slurm" in out
+    assert "--suite {lm,tasks,ablations,documents}" in out and "--slurm" in out
 
 
 @pytest.mark.parametrize("argv", [["reproduce"], ["reproduce", "--suite", "tasks"],

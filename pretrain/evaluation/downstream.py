@@ -277,7 +277,7 @@ def add_parser(sub) -> None:
     """The `eval downstream` subcommand's arguments."""
     import torch
 
-    from pretrain.hf.rope import ROPE_SCALING_KINDS, cli_scaling_kind
+    from pretrain.hf.arguments import ROPE_SCALING_KINDS, cli_scaling_kind
 
     p = sub.add_parser("downstream", help="lm-evaluation-harness tasks (HellaSwag, ARC, ...) on a run or HF model")
     p.add_argument("model", help="Megatron run dir / iter_* dir (exported to HF in a temporary directory), "

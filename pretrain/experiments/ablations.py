@@ -12,7 +12,6 @@ finished (written after every table).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 from data_prep.errors import OutputError, write_text_atomic
-from pretrain.experiments.ablation_tables import ROWS, SHAPES, TABLES, row_preset, rows_of
+from pretrain.experiments.ablation_tables import PRESETS, ROWS, SHAPES, row_preset, rows_of
 from pretrain.experiments.presets import Preset
 from pretrain.experiments.reproduce import prepare_data, train_config
 from pretrain.table import SIZES
@@ -29,21 +28,6 @@ from pretrain.tasks.suite import INVOCATIONS, record_invocation
 from pretrain.trainer import config as config_module
 
 SEEDS = [42, 137, 2024] + list(range(1, 100))  # the paper's seeds first, as `reproduce`
-
-PRESETS = {
-    # The cpu-small model (0.8M non-embedding parameters), w = 64, eval at 8w; 27 runs per seed.
-    # 819,200 tokens a run (400 steps of 32 × 64): sized so one seed of all seven tables trains and
-    # evaluates in ~80 min on 2 cores shared with other jobs (benchmarks/README.md has the measurement).
-    "cpu-small": Preset(model="cpu-small", window=64, vocab_size=4096, train_tokens=819_200,
-                        global_batch_size=32, micro_batch_size=32, lr=3e-3, eval_length=8 * 64,
-                        num_spans=200, in_dist_start=16, gain_window=16, corpus_bytes=6_000_000,
-                        valid_fraction=0.15, gain_spans=20),
-    # The whole suite end to end in a few minutes (tests); the numbers mean nothing.
-    "cpu-tiny": Preset(model="tiny", window=16, vocab_size=512, train_tokens=4_096, global_batch_size=16,
-                       micro_batch_size=16, lr=3e-3, eval_length=8 * 16, num_spans=16, in_dist_start=4,
-                       gain_window=4, corpus_bytes=400_000, valid_fraction=0.1, gain_spans=4),
-}
-
 
 def _log(message: str) -> None:
     print(f"[ablations] {message}", flush=True)
@@ -235,33 +219,12 @@ def run_suite(out: Path, preset: Preset, preset_name: str, tables: list[int], se
     return report
 
 
-def _tables(text: str) -> list[int]:
-    try:
-        numbers = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        numbers = []
-    if not numbers or any(n not in TABLES for n in numbers):
-        raise argparse.ArgumentTypeError(f"--tables {text!r}: give comma-separated table numbers from "
-                                         f"{sorted(TABLES)}, e.g. --tables 6,7")
-    return sorted(set(numbers))
-
-
 def main(argv: list[str]) -> int:
     """CLI of `python -m pretrain reproduce --suite ablations`."""
-    from pretrain.cli import Parser, add_seeds, seeds_of
+    from pretrain.cli import seeds_of
+    from pretrain.experiments.reproduce_cli import ablations_parser
 
-    parser = Parser(prog="python -m pretrain reproduce --suite ablations",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--output", default="ablations_out", help="working and report directory (resumable)")
-    parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    parser.add_argument("--tables", type=_tables, default=sorted(TABLES), help="e.g. 5,6,11 (default: all, 5–11)")
-    add_seeds(parser)
-    parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="runs trained side by side, each with cores/jobs threads (default: cores)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="write the report of the runs already evaluated under --output; train nothing")
-    args = parser.parse_args(argv)
+    args = ablations_parser().parse_args(argv)
     for flag in ("jobs",):
         if getattr(args, flag) < 1:
             print(f"error: --{flag} {getattr(args, flag)} must be >= 1", file=sys.stderr)

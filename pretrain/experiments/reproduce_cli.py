@@ -8,6 +8,8 @@ command line (`--suite NAME` removed), and a one-line help. The function parses 
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +25,16 @@ class Suite:
     function: str
     help: str
     slurm: bool = False  # `--slurm` can submit this suite's grid
+    parser: tuple[str, str] | None = None  # (module, function) of its parser without torch: parsed before the import
 
 
 SUITES = {
     "lm": Suite("pretrain.experiments.reproduce_cli", "lm_main", "language modelling: per-position loss, cliff, "
                 "penalty, G(C) per method (the paper's Tables 2-4 at CPU scale)", slurm=True),
-    "tasks": Suite("pretrain.tasks.suite", "main", "the algorithmic length-generalisation tasks"),
-    "ablations": Suite("pretrain.experiments.ablations", "main", "the paper's ablation tables 5-11 at CPU scale"),
+    "tasks": Suite("pretrain.tasks.suite", "main", "the algorithmic length-generalisation tasks",
+                   parser=("pretrain.tasks.arguments", "tasks_parser")),
+    "ablations": Suite("pretrain.experiments.ablations", "main", "the paper's ablation tables 5-11 at CPU scale",
+                       parser=("pretrain.experiments.reproduce_cli", "ablations_parser")),
     "documents": Suite("pretrain.experiments.document_masking", "main",
                        "baseline, PosAug and RFS with and without document masking (cliff, penalty, paired SEs)"),
 }
@@ -60,6 +65,39 @@ def lm_parser() -> Parser:
                    help=f"subset of {', '.join(TRAINING_METHODS)} (the baseline is always kept; default: all)")
     add_set(p, help="config override for every training run")
     return p
+
+
+def _tables(text: str) -> list[int]:
+    """argparse `type` of `--tables`: comma-separated ablation table numbers."""
+    from pretrain.experiments.ablation_tables import TABLES
+
+    try:
+        numbers = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        numbers = []
+    if not numbers or any(n not in TABLES for n in numbers):
+        raise argparse.ArgumentTypeError(f"--tables {text!r}: give comma-separated table numbers from "
+                                         f"{sorted(TABLES)}, e.g. --tables 6,7")
+    return sorted(set(numbers))
+
+
+def ablations_parser() -> Parser:
+    """`reproduce --suite ablations`'s arguments."""
+    from pretrain.experiments.ablation_tables import PRESETS, TABLES
+
+    parser = Parser(prog="python -m pretrain reproduce --suite ablations",
+                    description="`python -m pretrain reproduce --suite ablations`: the paper's ablation Tables 5–11 "
+                                "at CPU scale.")
+    parser.add_argument("--output", default="ablations_out", help="working and report directory (resumable)")
+    parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
+    parser.add_argument("--tables", type=_tables, default=sorted(TABLES), help="e.g. 5,6,11 (default: all, 5–11)")
+    add_seeds(parser)
+    parser.add_argument("--corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="runs trained side by side, each with cores/jobs threads (default: cores)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report of the runs already evaluated under --output; train nothing")
+    return parser
 
 
 def lm_main(argv: list[str]) -> int:
@@ -115,4 +153,6 @@ def main(argv: list[str]) -> int:
 
         return grid_main(rest)
     chosen = SUITES[name]
+    if chosen.parser:  # --help and a wrong invocation answer before the suite's module (and torch) is imported
+        getattr(importlib.import_module(chosen.parser[0]), chosen.parser[1])().parse_args(rest)
     return getattr(importlib.import_module(chosen.module), chosen.function)(rest)

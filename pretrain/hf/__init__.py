@@ -5,6 +5,13 @@
 packed sequences.
 """
 
-from pretrain.hf.inference import hf_logits, scaled_positions_forward
-
 __all__ = ["hf_logits", "scaled_positions_forward"]
+
+
+def __getattr__(name: str):
+    """The inference helpers, imported on first use: importing pretrain.hf.arguments must not import torch."""
+    if name in __all__:
+        from pretrain.hf import inference
+
+        return getattr(inference, name)
+    raise AttributeError(f"module 'pretrain.hf' has no attribute {name!r}")

@@ -25,8 +25,7 @@ from data_prep.overlap import check_apart
 from megatron_ext.model import ModelConfig
 from megatron_ext.positions import RopeScaling
 from pretrain.hf.model_card import model_card
-from pretrain.hf.rope import (ROPE_SCALING_KINDS, cli_scaling_kind, exported_scaling_record, hf_rope_fields,
-                              rope_scaling_for)
+from pretrain.hf.rope import exported_scaling_record, hf_rope_fields, rope_scaling_for
 from pretrain.hf.tokenizer import copy_tokenizer_files, hf_tokenizer, special_token_ids
 from pretrain.hf.weight_map import megatron_to_hf_names
 
@@ -356,25 +355,9 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
 
 def export_cli(argv: list[str]) -> int:
     """`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama (or Qwen2) directory."""
-    from pretrain.cli import Parser
+    from pretrain.hf.arguments import export_parser
 
-    parser = Parser(prog="python -m pretrain export-hf", description=export_cli.__doc__)
-    parser.add_argument("--checkpoint", required=True, help="run directory (its latest) or an iter_* directory")
-    parser.add_argument("--output", required=True, help="directory to write (must be empty unless --overwrite)")
-    parser.add_argument("--tokenizer", help="tokenizer.json, SentencePiece .model, vocab.json+merges.txt dir, or "
-                        "an HF tokenizer dir (shipped unchanged; default: an imported model's files, else the "
-                        "tokenizer of the run's data manifest)")
-    parser.add_argument("--no-tokenizer", action="store_true", help="export the model without tokenizer files")
-    parser.add_argument("--rope-scaling", type=cli_scaling_kind, choices=ROPE_SCALING_KINDS, default="none",
-                        help="ship an inference-time RoPE scaling (e.g. PosAug + yarn; HF names linear/dynamic "
-                        "accepted); RFS models get their own linear scaling")
-    parser.add_argument("--factor", type=float, help="scaling factor (>= 1) for --rope-scaling")
-    parser.add_argument("--eval-length", type=int, help="RFS: evaluation length n_eval the linear factor "
-                        "max(n_train, n_eval) / L is computed for (default: training window × 8)")
-    parser.add_argument("--max-shard-size", default="2GB", help="shard model.safetensors above this size")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
-    args = parser.parse_args(argv)
+    args = export_parser().parse_args(argv)
     try:
         path = export_checkpoint(args.checkpoint, args.output, tokenizer=args.tokenizer,
                                  no_tokenizer=args.no_tokenizer, rope_scaling=args.rope_scaling,

@@ -293,21 +293,9 @@ def import_hf(hf_dir: str | Path, output: str | Path, *, tensor_parallel: int = 
 
 def import_cli(argv: list[str]) -> int:
     """`python -m pretrain import-hf`: Llama / Mistral / Qwen2 HF directory -> our checkpoint (torchrun for TP×PP > 1)."""
-    from pretrain.cli import Parser, add_set
+    from pretrain.hf.arguments import import_parser
 
-    parser = Parser(prog="python -m pretrain import-hf", description=import_cli.__doc__)
-    parser.add_argument("--hf", required=True, help="Hugging Face model directory (config.json + safetensors)")
-    parser.add_argument("--output", required=True, help="run directory to write the iteration-0 checkpoint to")
-    parser.add_argument("--tp", "--tensor-model-parallel-size", dest="tensor_model_parallel_size", type=int,
-                        default=1, help="tensor-parallel size of the written checkpoint")
-    parser.add_argument("--pp", "--pipeline-model-parallel-size", dest="pipeline_model_parallel_size", type=int,
-                        default=1, help="pipeline-parallel size of the written checkpoint")
-    parser.add_argument("--seq-length", type=int, help="training window (default: max_position_embeddings)")
-    add_set(parser, dest="overrides", help="config override recorded with the checkpoint")
-    parser.add_argument("--seed", type=int, default=1234, help="seed recorded in the run's config")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a non-empty output (only once the new checkpoint is complete)")
-    args = parser.parse_args(argv)
+    args = import_parser().parse_args(argv)
     try:
         path = import_hf(args.hf, args.output, tensor_parallel=args.tensor_model_parallel_size,
                          pipeline_parallel=args.pipeline_model_parallel_size, seq_length=args.seq_length,

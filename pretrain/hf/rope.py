@@ -35,16 +35,8 @@ from typing import Any, Callable
 from megatron_ext.positions import RopeScaling
 from megatron_ext.positions.scaling import HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, scaling_kind
 
-__all__ = ["ROPE_SCALING_KINDS", "cli_scaling_kind", "hf_rope_fields", "hf_rope_parameters", "rfs_eval_length",
+__all__ = ["ROPE_SCALING_KINDS", "hf_rope_fields", "hf_rope_parameters", "rfs_eval_length",
            "rope_scaling_for", "rope_from_hf_config"]
-
-
-def cli_scaling_kind(name: str) -> str:
-    """argparse `type` for --rope-scaling: our kind for an HF alias ('linear' -> 'pi'); others pass through."""
-    try:
-        return scaling_kind(name)
-    except ValueError:
-        return name  # argparse's `choices` then names the valid kinds
 
 
 def rfs_eval_length(train_config, eval_length: int | None) -> int:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from pretrain.trainer.data import TaskDataSource, register_task_source
-
-from .generators import EOS, PAD, Example, example_at, get_task, keyed_rng, generate
+from .generators import PAD, Example, example_at, get_task, keyed_rng, generate
 
 # Large enough that no run wraps around (the trainer indexes modulo len()).
 STREAM_SIZE = 2 ** 62
@@ -97,5 +95,3 @@ def task_datasets(data, seq_length: int, seed: int) -> tuple[TaskSource, TaskSou
 
     return stream("train"), stream("valid")
 
-
-register_task_source(TaskDataSource(check=check_task_config, datasets=task_datasets, eod=EOS))  # the trainer's data.task

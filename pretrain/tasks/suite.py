@@ -315,22 +315,10 @@ def main(argv: list[str]) -> int:
     """`python -m pretrain reproduce --suite tasks [--preset ...] [--tasks ...] [--methods ...]`."""
     import dataclasses
 
-    from pretrain.cli import Parser, add_seeds, seeds_of
+    from pretrain.cli import seeds_of
+    from pretrain.tasks.arguments import tasks_parser
 
-    parser = Parser(prog="python -m pretrain reproduce --suite tasks", description=__doc__.split("\n")[0])
-    parser.add_argument("--output", default="tasks_out", help="working and report directory (resumable)")
-    parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    add_seeds(parser)
-    parser.add_argument("--tasks", nargs="+", default=None, help="subset of the preset's tasks")
-    parser.add_argument("--methods", nargs="+", default=None, help=f"subset of {list(METHODS)}")
-    parser.add_argument("--report-only", action="store_true",
-                        help="write the report of the runs already evaluated under --output; train nothing")
-    parser.add_argument("--train-iters", type=int, help="scale down: every task's steps (recorded in the report)")
-    parser.add_argument("--eval-count", type=int, help="scale down: held-out examples per length")
-    parser.add_argument("--eval-stride", type=int, help="scale down: evaluate every k-th unseen length")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="runs trained / evaluated side by side, each with cores/jobs threads (default: cores)")
-    args = parser.parse_args(argv)
+    args = tasks_parser().parse_args(argv)
     preset = PRESETS[args.preset]
     unknown = [t for t in args.tasks or [] if t not in preset.tasks] + [m for m in args.methods or [] if m not in METHODS]
     if unknown:

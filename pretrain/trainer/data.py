@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import torch
+
+from pretrain.trainer.task_data import TaskDataSource, register_task_source, task_source  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from data_prep.manifest import Manifest
@@ -26,32 +28,6 @@ class SampleSource(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> dict: ...
-
-
-@dataclass(frozen=True)
-class TaskDataSource:
-    """What the trainer needs of the provider of `data.task` runs (pretrain.tasks registers one): a check of the
-    config (ValueError naming the field and the fix) and the (train, valid) sample sources."""
-
-    check: Callable[[Any, Any], None]  # (DataConfig, ModelConfig)
-    datasets: Callable[[Any, int, int], tuple[SampleSource, SampleSource]]  # (DataConfig, seq_length, seed)
-    eod: int  # the token that ends an example (document masking's boundary)
-
-
-_TASK_SOURCES: list[TaskDataSource] = []  # the trainer's seam: it knows task data only by registration
-
-
-def register_task_source(source: TaskDataSource) -> None:
-    """Make `source` the provider of `data.task` (idempotent: a module imported twice registers once)."""
-    _TASK_SOURCES[:] = [source]
-
-
-def task_source() -> TaskDataSource:
-    """The registered provider of `data.task`, or a ValueError naming how to register one."""
-    if not _TASK_SOURCES:
-        raise ValueError("data.task is set but no task data source is registered: `python -m pretrain` registers "
-                         "pretrain.tasks; from Python, import pretrain.tasks before loading the config")
-    return _TASK_SOURCES[0]
 
 
 @dataclass

@@ -80,10 +80,29 @@ def test_evaluation_examples_have_the_requested_length_and_differ_from_training(
 
 
 def test_the_trainer_takes_task_data_from_the_registered_source():
-    from pretrain.trainer.data import task_source
-    from pretrain.tasks.source import check_task_config, task_datasets
+    from types import SimpleNamespace
 
-    assert task_source().check is check_task_config and task_source().datasets is task_datasets
+    import pretrain.tasks  # noqa: F401  registers
+    from pretrain.trainer.data import task_source
+
+    data = SimpleNamespace(task="copy", task_min_length=1, task_max_length=5)
+    train, valid = task_source().datasets(data, 64, 0)
+    assert isinstance(train, TaskSource) and (train.split, valid.split) == ("train", "valid")
+    assert task_source().eod == EOS
+    with pytest.raises(ValueError, match="vocab_size"):
+        task_source().check(data, SimpleNamespace(vocab_size=2, seq_length=64))
+
+
+def test_importing_the_task_package_registers_without_torch():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = ("import sys\nimport pretrain.tasks\nfrom pretrain.trainer.task_data import task_source\n"
+            "task_source()\nprint('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr
 
 
 def test_a_task_config_without_a_registered_source_names_how_to_register_it():

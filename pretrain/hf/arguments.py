@@ -1,0 +1,62 @@
+"""The command lines of `python -m pretrain export-hf` and `import-hf`, built without importing torch.
+
+`python -m pretrain` parses with these before it imports the command's module, so `--help` and a wrong
+invocation answer in well under a second; export_cli / import_cli then parse the same arguments again.
+"""
+
+from __future__ import annotations
+
+from pretrain.cli import Parser, add_set
+
+# Copies of megatron_ext.positions.scaling's tables (that package imports torch);
+# tests/test_cli_grammar.py keeps them equal to the originals.
+ROPE_SCALING_KINDS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3")
+ROPE_SCALING_ALIASES = {"linear": "pi", "dynamic": "dynamic_ntk", "default": "none"}
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cli_scaling_kind(name: str) -> str:
+    """argparse `type` for --rope-scaling: our kind for an HF alias ('linear' -> 'pi'); others pass through."""
+    return ROPE_SCALING_ALIASES.get(name or "none", name or "none")  # `choices` then names the valid kinds
+
+
+def export_parser() -> Parser:
+    """The parser of `python -m pretrain export-hf`."""
+    parser = Parser(prog="python -m pretrain export-hf",
+                    description="`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama "
+                                "(or Qwen2) directory.")
+    parser.add_argument("--checkpoint", required=True, help="run directory (its latest) or an iter_* directory")
+    parser.add_argument("--output", required=True, help="directory to write (must be empty unless --overwrite)")
+    parser.add_argument("--tokenizer", help="tokenizer.json, SentencePiece .model, vocab.json+merges.txt dir, or "
+                        "an HF tokenizer dir (shipped unchanged; default: an imported model's files, else the "
+                        "tokenizer of the run's data manifest)")
+    parser.add_argument("--no-tokenizer", action="store_true", help="export the model without tokenizer files")
+    parser.add_argument("--rope-scaling", type=cli_scaling_kind, choices=ROPE_SCALING_KINDS, default="none",
+                        help="ship an inference-time RoPE scaling (e.g. PosAug + yarn; HF names linear/dynamic "
+                        "accepted); RFS models get their own linear scaling")
+    parser.add_argument("--factor", type=float, help="scaling factor (>= 1) for --rope-scaling")
+    parser.add_argument("--eval-length", type=int, help="RFS: evaluation length n_eval the linear factor "
+                        "max(n_train, n_eval) / L is computed for (default: training window × 8)")
+    parser.add_argument("--max-shard-size", default="2GB", help="shard model.safetensors above this size")
+    parser.add_argument("--dtype", choices=EXPORT_DTYPES, default="float32")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    return parser
+
+
+def import_parser() -> Parser:
+    """The parser of `python -m pretrain import-hf`."""
+    parser = Parser(prog="python -m pretrain import-hf",
+                    description="`python -m pretrain import-hf`: Llama / Mistral / Qwen2 HF directory -> our "
+                                "checkpoint (torchrun for TP×PP > 1).")
+    parser.add_argument("--hf", required=True, help="Hugging Face model directory (config.json + safetensors)")
+    parser.add_argument("--output", required=True, help="run directory to write the iteration-0 checkpoint to")
+    parser.add_argument("--tp", "--tensor-model-parallel-size", dest="tensor_model_parallel_size", type=int,
+                        default=1, help="tensor-parallel size of the written checkpoint")
+    parser.add_argument("--pp", "--pipeline-model-parallel-size", dest="pipeline_model_parallel_size", type=int,
+                        default=1, help="pipeline-parallel size of the written checkpoint")
+    parser.add_argument("--seq-length", type=int, help="training window (default: max_position_embeddings)")
+    add_set(parser, dest="overrides", help="config override recorded with the checkpoint")
+    parser.add_argument("--seed", type=int, default=1234, help="seed recorded in the run's config")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty output (only once the new checkpoint is complete)")
+    return parser
