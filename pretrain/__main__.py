@@ -21,6 +21,7 @@ COMMANDS = {
 # command -> (module, function) of a parser built without torch: `python -m pretrain` parses with it first, so
 # `--help` and a wrong invocation answer before the command's module (and torch) is imported.
 LIGHT_PARSERS = {
+    "eval": ("pretrain.evaluation.arguments", "eval_parser"),
     "export-hf": ("pretrain.hf.arguments", "export_parser"),
     "import-hf": ("pretrain.hf.arguments", "import_parser"),
 }

@@ -55,7 +55,8 @@ EVERY_PARSER = [["train"], ["plan"], ["reproduce"], ["reproduce", "--slurm"], ["
                 ["export-hf"], ["import-hf"], ["data_prep", "build"]]
 # the commands whose --help must not import torch
 LIGHT_HELP = [[], ["train"], ["plan"], ["reproduce"], ["reproduce", "--slurm"], ["reproduce", "--suite", "tasks"],
-              ["reproduce", "--suite", "ablations"], ["runs"], ["demo"], ["selfcheck"], ["export-hf"], ["import-hf"]]
+              ["reproduce", "--suite", "ablations"], ["runs"], ["demo"], ["selfcheck"], ["export-hf"], ["import-hf"],
+              ["eval"], ["eval", "run"], ["eval", "all"], ["eval", "report"], ["eval", "downstream"]]
 
 
 @pytest.mark.parametrize("argv,dest", WITH_SET, ids=lambda v: " ".join(v) if isinstance(v, list) else v)

@@ -2,104 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 from pathlib import Path
 
-import torch
-
-from pretrain.cli import Parser
 from data_prep.errors import OutputError, check_writable
 from data_prep.overlap import check_apart
-from megatron_ext.positions import ROPE_SCALING_KINDS
 
-from . import downstream, metrics, report
+from . import downstream, report
+from .arguments import default_device, eval_parser
 from .data import TokenStream, load_stream
 from .record import evaluate
-from .scorers import BACKENDS, Scorer, load_scorer
+from .scorers import Scorer, load_scorer
 
 log = logging.getLogger(__name__)
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(float(v)) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m pretrain eval",
-                                     description="Evaluate RoPE position strategies (PosAug paper §3).")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="evaluate one model; writes a JSON record")
-    run.add_argument("model", help="Megatron run dir / iter_* dir from `pretrain train`, or an HF model dir")
-    run.add_argument("--data", required=True,
-                     help="data_prep output prefix (its validation split), a .bin/.idx prefix, or a .txt/.jsonl file")
-    run.add_argument("--tokenizer", help="tokenizer for text data and passkey (default: the data's/model's)")
-    run.add_argument("--text-key", default="text", help="JSONL field holding the text (default: text)")
-    run.add_argument("--lengths", type=_ints, default=[], help="L_eval values, e.g. 2048,8192,16384")
-    run.add_argument("--num-spans", type=int, default=20, help="spans per length (paper: 20)")
-    run.add_argument("--backend", choices=BACKENDS, default="hf",
-                     help="hf: SDPA, memory linear in L (default); megatron: FloatPositionGPTModel directly")
-    run.add_argument("--train-window", type=int, help="training window w (required for HF dirs)")
-    run.add_argument("--rope-scaling", choices=ROPE_SCALING_KINDS,
-                     help="inference-time RoPE transform on top of the run's evaluation positions")
-    run.add_argument("--factor", type=float, help="rope scaling factor (default: L_eval / w)")
-    run.add_argument("--batch-size", type=int, help="spans per forward pass (default: from --max-batch-tokens)")
-    run.add_argument("--max-batch-tokens", type=int, default=metrics.MAX_BATCH_TOKENS, help="token budget per forward pass")
-    run.add_argument("--in-start", type=int, help="first in-distribution position of the cliff (default 64)")
-    run.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
-    run.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
-    run.add_argument("--gain-method", choices=metrics.GAIN_METHODS, default="exact",
-                     help="exact: each target sees exactly the previous window tokens; kv_cache: the "
-                          "paper's truncated KV cache with RoPE offset reset (hf backend)")
-    run.add_argument("--kv-chunk", type=int, help="tokens per step of the kv_cache method (default: window)")
-    run.add_argument("--passkey-lengths", type=_ints, default=[], help="prompt lengths for passkey retrieval")
-    run.add_argument("--passkey-n", type=int, default=100, help="passkey examples per length (paper: 100)")
-    run.add_argument("--ruler-lengths", type=_ints, default=[], help="prompt lengths for RULER single needle")
-    run.add_argument("--ruler-n", type=int, default=50, help="RULER examples per length (paper: 50)")
-    run.add_argument("--entropy-spans", type=int, default=0,
-                     help="spans (at the largest L) for the attention entropy ratio; 0 = skip")
-    run.add_argument("--name", help="run name in the record (default: the config's name / directory name)")
-    run.add_argument("--label", help="group label for tables (default: name without a seed suffix)")
-    run.add_argument("--seed", type=int, default=0, help="seed of passkey/RULER example generation")
-    run.add_argument("--allow-tokenizer-mismatch", action="store_true",
-                     help="evaluate even if the data's tokenizer differs from the run's")
-    run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    run.add_argument("--output", "--out", dest="out", default="eval_results", help="directory for the JSON record")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-    every = sub.add_parser("all", help="evaluate every finished run under a directory not evaluated yet")
-    every.add_argument("directory", help="directory of run directories (e.g. a grid of sizes × methods × seeds)")
-    every.add_argument("--lengths", type=_ints, default=None, help="L_eval values (default: 8 × each run's window)")
-    every.add_argument("--data", help="evaluation data for every run (default: each run's data.data_path)")
-    every.add_argument("--num-spans", type=int, default=20, help="spans per length (paper: 20)")
-    every.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
-    every.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
-    every.add_argument("--gain-method", choices=metrics.GAIN_METHODS, default="exact")
-    every.add_argument("--backend", choices=BACKENDS, default="hf")
-    every.add_argument("--max-batch-tokens", type=int, default=metrics.MAX_BATCH_TOKENS,
-                       help="token budget per forward pass")
-    every.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    every.add_argument("--output", "--out", dest="out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
-    every.add_argument("--no-progress", action="store_true", help="no progress lines")
-    every.add_argument("--downstream", type=downstream.parse_tasks,
-                       help="also lm-eval tasks for every finished run, e.g. hellaswag,arc_easy (see eval downstream)")
-    every.add_argument("--num-fewshot", type=int, help="--downstream: few-shot examples (default: the task's)")
-    every.add_argument("--limit", type=float, help="--downstream: examples per task (testing only)")
-    every.add_argument("--include-path", help="--downstream: directory of your own lm-eval task YAML files")
-
-    rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
-    rep.add_argument("records", nargs="+", help="record JSON files or directories of them")
-    rep.add_argument("--output", "--out", dest="out", default="eval_report", help="output directory")
-    rep.add_argument("--baseline", help="method or label of the baseline; every size is compared with its own "
-                     "(default: 'baseline' when such runs exist)")
-    rep.add_argument("--length", type=int, help="L_eval for the loss-curve and cliff-vs-size plots (default: largest)")
-    downstream.add_parser(sub)
-    return parser
 
 
 def _tokenizer_for(args, stream: TokenStream, scorer: Scorer):
@@ -237,11 +154,7 @@ def _inputs(args) -> dict:
 
 def eval_cli(argv: list[str]) -> int:
     """Entry point of `python -m pretrain eval`; returns the exit code."""
-    argv = list(argv)
-    if argv and argv[0] not in ("run", "all", "report", "downstream") and not argv[0].startswith("-") \
-            and (os.sep in argv[0] or os.path.exists(argv[0])):
-        argv = ["run", *argv]  # `eval MODEL --data ...` means `eval run MODEL ...`; a bare `eval reprot` is refused
-    args = _parser().parse_args(argv)
+    args = default_device(eval_parser().parse_args(list(argv)))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         _check_ranges(args)

@@ -15,7 +15,6 @@ lm-eval is imported only inside these functions: it is an optional extra and slo
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import functools
@@ -41,14 +40,6 @@ def import_lm_eval():
         raise ValueError(f"eval downstream needs EleutherAI's lm-evaluation-harness: {INSTALL_HINT} "
                          f"(import failed: {error})") from None
     return lm_eval
-
-
-def parse_tasks(text: str) -> list[str]:
-    """Comma-separated lm-eval task names -> list (order kept, duplicates dropped)."""
-    tasks = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    if not tasks:
-        raise argparse.ArgumentTypeError("--tasks is empty: name lm-eval tasks, e.g. --tasks hellaswag,arc_easy")
-    return tasks
 
 
 def task_manager(include_path: str | None = None, tasks: list[str] | None = None):
@@ -265,40 +256,6 @@ def task_scores(results: dict) -> dict[str, dict]:
         row["samples"] = ((results.get("n-samples") or {}).get(task) or {}).get("effective")
         scores[task] = row
     return scores
-
-
-def _batch_size(text: str) -> int | str:
-    if text == "auto" or (text.isdigit() and int(text) > 0):
-        return text if text == "auto" else int(text)
-    raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
-
-
-def add_parser(sub) -> None:
-    """The `eval downstream` subcommand's arguments."""
-    import torch
-
-    from pretrain.hf.arguments import ROPE_SCALING_KINDS, cli_scaling_kind
-
-    p = sub.add_parser("downstream", help="lm-evaluation-harness tasks (HellaSwag, ARC, ...) on a run or HF model")
-    p.add_argument("model", help="Megatron run dir / iter_* dir (exported to HF in a temporary directory), "
-                   "or an HF causal LM directory")
-    p.add_argument("--tasks", type=parse_tasks, required=True, help="lm-eval task names, e.g. hellaswag,arc_easy")
-    p.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's, else 0)")
-    p.add_argument("--limit", type=float, help="examples per task (testing only; < 1 = a fraction)")
-    p.add_argument("--context-length", type=int,
-                   help="lm-eval's max_length (longer inputs are cut from the left; default: the model's "
-                        "max_position_embeddings = the training window for our exports); also the length "
-                        "an RFS model's positions and the default --factor are set for")
-    p.add_argument("--rope-scaling", type=cli_scaling_kind, choices=ROPE_SCALING_KINDS,
-                   help="inference-time RoPE transform (PosAug-trained models need none)")
-    p.add_argument("--factor", type=float, help="rope scaling factor (default: --context-length / window)")
-    p.add_argument("--include-path", help="directory (or file) of your own lm-eval task YAML files")
-    p.add_argument("--tokenizer", help="tokenizer of a Megatron checkpoint (default: its data manifest's)")
-    p.add_argument("--train-window", type=int,
-                   help="HF directories with --rope-scaling: the training window (default: max_position_embeddings)")
-    p.add_argument("--batch-size", type=_batch_size, default=8, help="lm-eval batch size, or 'auto' (default 8)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--output", "--out", dest="out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")
 
 
 def run_cli(args) -> int:

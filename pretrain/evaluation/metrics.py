@@ -14,9 +14,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from .arguments import GAIN_METHODS, MAX_BATCH_TOKENS
 from .scorers import Scorer
-
-GAIN_METHODS = ("exact", "kv_cache")
 
 
 def _batches(n: int, batch_size: int, desc: str, progress: bool) -> Iterator[tuple[int, int]]:
@@ -25,9 +24,6 @@ def _batches(n: int, batch_size: int, desc: str, progress: bool) -> Iterator[tup
 
     for start in progress_line(range(0, n, max(1, batch_size)), desc=desc, enabled=progress):
         yield start, min(start + batch_size, n)
-
-
-MAX_BATCH_TOKENS = 16384  # default token budget of one forward pass (batch × length)
 
 
 def auto_batch_size(length: int, max_batch_tokens: int = MAX_BATCH_TOKENS) -> int:

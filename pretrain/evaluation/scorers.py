@@ -37,11 +37,11 @@ import torch
 import torch.nn.functional as F
 
 from megatron_ext.positions import PositionConfig, RopePositions, RopeScaling, build_sampler, scaled_inv_freq
+from pretrain.evaluation.arguments import BACKENDS
 from pretrain.evaluation.hf_rope import hf_rope, rotary_modules
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("hf", "megatron")
 HEAD_CHUNK = 1024  # positions per LM-head call (bounds the [chunk, V] logits buffer)
 
 
