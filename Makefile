@@ -90,16 +90,14 @@ PYTEST_WORKERS := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 TEST_BUDGET_MINUTES := 40
 PHASE_LOG := .test-phases.tsv
 PHASE := $(PYTHON) tests/ci_phases.py --log $(PHASE_LOG)
-SUITE := $(BIN)/python -m pytest -q --durations=15 $(PYTEST_WORKERS)
 
 # The whole suite on the pinned megatron-core, then the newest tested one's part (test-newest-megatron).
 test:
 	@$(PHASE) start
 	@$(PHASE) run "install .venv and Debian packages" -- $(MAKE) --no-print-directory $(VENV)/.installed-test
 	@$(PHASE) run "start the local SLURM clusters" -- $(MAKE) --no-print-directory slurm-cluster slurm-two-nodes
-	@$(PHASE) run "whole suite, pinned megatron-core" -- bash -c '$(SUITE) || { rc=$$?; [ $$rc = 3 ] || exit $$rc; \
-		echo "pytest exit 3 (INTERNALERROR): an xdist worker ended with a test pending (docs/testing.md); the suite once more"; \
-		$(SUITE); }'
+	@$(PHASE) run "whole suite, pinned megatron-core" -- \
+		$(BIN)/python -m pytest -q --durations=15 $(PYTEST_WORKERS)
 	@$(PHASE) run "install $(VENV_NEWEST)" -- $(MAKE) --no-print-directory $(VENV_NEWEST)/.installed
 	@$(PHASE) run "megatron-core $(MCORE_NEWEST): fast suite and checkpoint tests" -- \
 		$(MAKE) --no-print-directory test-newest-megatron

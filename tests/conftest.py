@@ -37,7 +37,8 @@ def pytest_configure(config):
 # a node's worth of CPUs, so their jobs run one test at a time, as in a serial run. (xdist's own `loadgroup`
 # marks do not group on pytest 9, whose test ids no longer come from the attribute xdist rewrites.)
 CLUSTER_MODULES = frozenset({"tests/slurm/test_grid_on_cluster.py", "tests/slurm/test_slurm_cluster.py",
-                             "tests/slurm/test_slurm_hang.py", "tests/slurm/test_slurm_two_nodes.py"})
+                             "tests/slurm/test_slurm_hang.py", "tests/slurm/test_slurm_two_nodes.py",
+                             "tests/slurm/test_launcher_preflight.py"})
 
 
 def _module(nodeid: str) -> str:
