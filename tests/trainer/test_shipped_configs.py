@@ -7,8 +7,9 @@ pretrain/table.py (model dims, window, vocabulary, batch, token budget, lr sched
 size of tests/conftest.py (TINY_TRAIN), the run length becomes 3 steps with a save every 2, and the data
 synthetic tokens (the shipped data.data_path is null: the user names their data). Everything else stays as shipped,
 which test_the_cpu_swaps_are_the_only_difference_from_each_shipped_yaml checks field by field against the yaml.
-The method fields that the table derives from the 2048-token window (positions.max_position, the iRoPE temperature
-floor, the SSMax scale) are kept as shipped: a CPU runs them as they are.
+The method fields that pretrain/table.py states in windows (positions.max_position = 8 windows, the iRoPE
+temperature floor, the SSMax scale 1/log w) shrink with the window by the table's own rules: kept at the 2048
+window, an RFS export at w = 32 would be refused (its evaluation length 8w is below max_position).
 
 Once shrunk, the five sizes of a method are one config, so each distinct shrunk config runs once, named after the
 yamls it covers. Every shipped config sets the distributed optimizer, so each runs on 2 gloo ranks (DP=2, the
@@ -50,9 +51,20 @@ SWAPPED_FIELDS = {item.split("=", 1)[0] for item in SWAPS} | {"checkpoint.save"}
 EXPORT_REFUSED = {"ssmax": "cannot export: SSMax"}
 
 
-def shrunk_overrides(run_dir) -> list[str]:
-    """The `--set` list that turns a shipped yaml into its CPU run in `run_dir`."""
-    return [*SWAPS, f"checkpoint.save={run_dir}"]
+def window_swaps(path: Path) -> list[str]:
+    """The shipped method's fields stated in windows (pretrain/table.py), at the tiny window."""
+    from pretrain.table import METHODS
+
+    method = METHODS[path.stem.split("_", 1)[1]]
+    swaps = [f"model.{name}={rule(TINY_WINDOW)}" for name, rule in method.model_in_windows]
+    if method.max_position_in_windows is not None:
+        swaps.append(f"positions.max_position={method.position_fields(TINY_WINDOW)['max_position']}")
+    return swaps
+
+
+def shrunk_overrides(path: Path, run_dir) -> list[str]:
+    """The `--set` list that turns the shipped yaml `path` into its CPU run in `run_dir`."""
+    return [*SWAPS, *window_swaps(path), f"checkpoint.save={run_dir}"]
 
 
 def flat(config) -> dict:
@@ -82,7 +94,7 @@ def distinct_runs() -> list[tuple[str, list[Path]]]:
 
     groups: dict[str, list[Path]] = {}
     for path in SHIPPED:
-        shrunk = flat(load(path, shrunk_overrides("RUN_DIR")))
+        shrunk = flat(load(path, shrunk_overrides(path, "RUN_DIR")))
         shrunk.pop("name")  # a label (the run's name in logs), not part of what runs
         groups.setdefault(repr(sorted(shrunk.items())), []).append(path)
     runs = []
@@ -101,8 +113,8 @@ RUNS = distinct_runs()
 def test_the_cpu_swaps_are_the_only_difference_from_each_shipped_yaml(path):
     from pretrain.trainer.config import load
 
-    shipped, shrunk = load(path), load(path, shrunk_overrides("RUN_DIR"))
-    allowed = SWAPPED_FIELDS | preset_fields(shipped.preset)
+    shipped, shrunk = load(path), load(path, shrunk_overrides(path, "RUN_DIR"))
+    allowed = SWAPPED_FIELDS | preset_fields(shipped.preset) | {item.split("=")[0] for item in window_swaps(path)}
     shipped, shrunk = flat(shipped), flat(shrunk)
     changed = {key for key in shipped if shipped[key] != shrunk[key]}
     assert changed <= allowed, sorted(changed - allowed)
@@ -119,6 +131,7 @@ def test_shrunk_configs_collapse_to_one_run_per_shipped_method():
 
 
 def method_of(paths: list[Path]) -> str:
+    """The shipped method a run's yamls share (their names are <size>_<method>)."""
     return paths[0].stem.split("_", 1)[1]
 
 
@@ -128,7 +141,7 @@ def shipped_run(request, tmp_path_factory):
     (the yamls covered, run dir, the CompletedProcess)."""
     _, paths = request.param
     run_dir = tmp_path_factory.mktemp(paths[0].stem) / "run"
-    proc = run_train([*shrunk_overrides(run_dir), "--config", str(paths[0])], nproc=2)
+    proc = run_train([*shrunk_overrides(paths[0], run_dir), "--config", str(paths[0])], nproc=2)
     return paths, run_dir, proc
 
 
@@ -144,7 +157,7 @@ def test_shipped_config_trains_two_steps_and_saves_without_warnings(shipped_run)
 def test_shipped_config_resumed_at_step_2_repeats_step_3_bit_for_bit(shipped_run, tmp_path):
     paths, run_dir, _ = shipped_run
     shutil.copytree(run_dir / "iter_0000002", tmp_path / "iter_0000002")
-    resumed = run_train([*shrunk_overrides(tmp_path), "--config", str(paths[0])], nproc=2)
+    resumed = run_train([*shrunk_overrides(paths[0], tmp_path), "--config", str(paths[0])], nproc=2)
     assert "resumed from iteration 2" in resumed.stdout, resumed.stdout[-2000:]
     for tag in ("train/loss", "train/grad_norm"):
         assert tensorboard_scalars(tmp_path, tag)[STEPS] == tensorboard_scalars(run_dir, tag)[STEPS], tag
