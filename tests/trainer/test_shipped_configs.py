@@ -1,0 +1,183 @@
+"""The shipped configs themselves (issue 42): every pretrain/configs/*.yaml, read by the project's own loader, runs
+on CPU with only what a CPU cannot run swapped: two steps and a save, a resume to step 3, and `export-hf`, with bf16,
+the distributed optimizer, the positions and the model options as shipped.
+
+The swaps (SWAPS, each with its reason) are Transformer Engine -> local layers and the size: the size row of
+pretrain/table.py (model dims, window, vocabulary, batch, token budget, lr schedule numbers) becomes the tiny test
+size of tests/conftest.py (TINY_TRAIN), the run length becomes 3 steps with a save every 2, and the data
+synthetic tokens (the shipped data.data_path is null: the user names their data). Everything else stays as shipped,
+which test_the_cpu_swaps_are_the_only_difference_from_each_shipped_yaml checks field by field against the yaml.
+The method fields that pretrain/table.py states in windows (positions.max_position = 8 windows, the iRoPE
+temperature floor, the SSMax scale 1/log w) shrink with the window by the table's own rules: kept at the 2048
+window, an RFS export at w = 32 would be refused (its evaluation length 8w is below max_position).
+
+Once shrunk, the five sizes of a method are one config, so each distinct shrunk config runs once, named after the
+yamls it covers. Every shipped config sets the distributed optimizer, so each runs on 2 gloo ranks (DP=2, the
+sharded path the 42m-1b launchers take at DP >= 4); the 10m launchers' one GPU runs the same code on one shard,
+which tests/trainer/test_distributed_optimizer.py covers (its resume on one process).
+
+The resume is checked bit for bit: the uninterrupted run saves at step 2 and runs on to step 3 in the same process,
+so the bitwise check costs one resumed process per config, no more than a finite-loss check would."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_TRAIN, run_train, tensorboard_scalars
+
+pytestmark = [pytest.mark.slow]  # torchrun layouts, one per distinct shipped config
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "pretrain" / "configs"
+SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
+TINY_WINDOW = 32
+STEPS = 3
+# The only `--set` overrides applied to a shipped yaml, each with the reason a CPU test needs it.
+SWAPS = {
+    "model.transformer_impl=local": "Transformer Engine needs a GPU",
+    **{item: "the size row of pretrain/table.py, shrunk to the tiny test size (tests/conftest.py TINY_TRAIN)"
+       for item in TINY_TRAIN if not item.startswith("logging.")},
+    f"model.seq_length={TINY_WINDOW}": "the window, shrunk to the tiny preset's",
+    "schedule.train_tokens=null": "the token budget, replaced by the run length below",
+    f"schedule.train_iters={STEPS}": "run length: two steps, a save, one more",
+    "checkpoint.save_interval=2": "run length: a save after step 2",
+    **{item: "run length: every step logged, the evaluation shrunk with the steps"
+       for item in TINY_TRAIN if item.startswith("logging.")},
+    "data.synthetic=true": "the shipped data.data_path is null (the user names their data)",
+}
+# Fields the swaps may change: those they name (and the run directory); preset_fields adds the tiny preset's.
+SWAPPED_FIELDS = {item.split("=", 1)[0] for item in SWAPS} | {"checkpoint.save"}
+# Shipped methods whose export is refused, with the words of the refusal (HF has no architecture computing them).
+EXPORT_REFUSED = {"ssmax": "cannot export: SSMax"}
+
+
+def window_swaps(path: Path) -> list[str]:
+    """The shipped method's fields stated in windows (pretrain/table.py), at the tiny window."""
+    from pretrain.table import METHODS
+
+    method = METHODS[path.stem.split("_", 1)[1]]
+    swaps = [f"model.{name}={rule(TINY_WINDOW)}" for name, rule in method.model_in_windows]
+    if method.max_position_in_windows is not None:
+        swaps.append(f"positions.max_position={method.position_fields(TINY_WINDOW)['max_position']}")
+    return swaps
+
+
+def shrunk_overrides(path: Path, run_dir) -> list[str]:
+    """The `--set` list that turns the shipped yaml `path` into its CPU run in `run_dir`."""
+    return [*SWAPS, *window_swaps(path), f"checkpoint.save={run_dir}"]
+
+
+def flat(config) -> dict:
+    """A TrainConfig as {'section.field': value} (the resolved config, defaults included)."""
+    from pretrain.trainer.config import to_dict
+
+    out = {}
+    for key, value in to_dict(config).items():
+        out.update({f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value})
+    return out
+
+
+def preset_fields(size: str) -> set[str]:
+    """The model fields in which the tiny preset differs from a shipped size's (derived ones, kv_channels, too)."""
+    import dataclasses
+
+    from pretrain.table import model_preset
+
+    shipped, tiny = dataclasses.asdict(model_preset(size)), dataclasses.asdict(model_preset("tiny"))
+    return {f"model.{name}" for name in shipped if shipped[name] != tiny[name]}
+
+
+def distinct_runs() -> list[tuple[str, list[Path]]]:
+    """(id, the yamls it covers) of each distinct shrunk config; the id names the method and the sizes."""
+    from pretrain.table import SIZES
+    from pretrain.trainer.config import load
+
+    groups: dict[str, list[Path]] = {}
+    for path in SHIPPED:
+        shrunk = flat(load(path, shrunk_overrides(path, "RUN_DIR")))
+        shrunk.pop("name")  # a label (the run's name in logs), not part of what runs
+        groups.setdefault(repr(sorted(shrunk.items())), []).append(path)
+    runs = []
+    for paths in groups.values():
+        methods = {path.stem.split("_", 1)[1] for path in paths}
+        label = "+".join(sorted(methods)) if len(methods) > 1 else methods.pop()
+        sizes = sorted((path.stem.split("_", 1)[0] for path in paths), key=list(SIZES).index)
+        runs.append((f"{label}-{'-'.join(sizes)}", paths))
+    return runs
+
+
+RUNS = distinct_runs()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[path.stem for path in SHIPPED])
+def test_the_cpu_swaps_are_the_only_difference_from_each_shipped_yaml(path):
+    from pretrain.trainer.config import load
+
+    shipped, shrunk = load(path), load(path, shrunk_overrides(path, "RUN_DIR"))
+    allowed = SWAPPED_FIELDS | preset_fields(shipped.preset) | {item.split("=")[0] for item in window_swaps(path)}
+    shipped, shrunk = flat(shipped), flat(shrunk)
+    changed = {key for key in shipped if shipped[key] != shrunk[key]}
+    assert changed <= allowed, sorted(changed - allowed)
+    assert shrunk["model.bf16"] is True and shrunk["parallel.use_distributed_optimizer"] is True
+    assert shrunk["model.transformer_impl"] == "local" and shrunk["model.seq_length"] == TINY_WINDOW
+
+
+def test_shrunk_configs_collapse_to_one_run_per_shipped_method():
+    from pretrain.table import SHIPPED_METHODS
+
+    assert sorted(path for _, paths in RUNS for path in paths) == SHIPPED
+    methods = [{path.stem.split("_", 1)[1] for path in paths} for _, paths in RUNS]
+    assert sorted(m for group in methods for m in group) == sorted(SHIPPED_METHODS), [r[0] for r in RUNS]
+
+
+def method_of(paths: list[Path]) -> str:
+    """The shipped method a run's yamls share (their names are <size>_<method>)."""
+    return paths[0].stem.split("_", 1)[1]
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=[run_id for run_id, _ in RUNS])
+def shipped_run(request, tmp_path_factory):
+    """The first yaml of a distinct shrunk config, three steps on 2 gloo ranks, saves after 2 and 3:
+    (the yamls covered, run dir, the CompletedProcess)."""
+    _, paths = request.param
+    run_dir = tmp_path_factory.mktemp(paths[0].stem) / "run"
+    proc = run_train([*shrunk_overrides(paths[0], run_dir), "--config", str(paths[0])], nproc=2)
+    return paths, run_dir, proc
+
+
+def test_shipped_config_trains_two_steps_and_saves_without_warnings(shipped_run):
+    _, run_dir, proc = shipped_run
+    assert (run_dir / "iter_0000002" / "train_state.json").is_file()
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == str(STEPS)
+    losses = tensorboard_scalars(run_dir, "train/loss")
+    assert sorted(losses) == [1, 2, 3] and all(loss == loss and loss < 100 for loss in losses.values()), losses
+    assert "Warning" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_shipped_config_resumed_at_step_2_repeats_step_3_bit_for_bit(shipped_run, tmp_path):
+    paths, run_dir, _ = shipped_run
+    shutil.copytree(run_dir / "iter_0000002", tmp_path / "iter_0000002")
+    resumed = run_train([*shrunk_overrides(paths[0], tmp_path), "--config", str(paths[0])], nproc=2)
+    assert "resumed from iteration 2" in resumed.stdout, resumed.stdout[-2000:]
+    for tag in ("train/loss", "train/grad_norm"):
+        assert tensorboard_scalars(tmp_path, tag)[STEPS] == tensorboard_scalars(run_dir, tag)[STEPS], tag
+
+
+def test_shipped_config_exports_to_hf_or_refuses_in_one_line(shipped_run, tmp_path, capsys):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pretrain.hf.export import export_cli
+
+    paths, run_dir, _ = shipped_run
+    output = tmp_path / "hf"
+    code = export_cli(["--checkpoint", str(run_dir), "--output", str(output), "--no-tokenizer"])
+    errors = capsys.readouterr().err.strip().splitlines()
+    refusal = EXPORT_REFUSED.get(method_of(paths))
+    if refusal is not None:
+        assert code == 2 and len(errors) == 1 and refusal in errors[0], errors
+        assert not output.exists() or not any(output.iterdir())
+        return
+    assert code == 0, errors
+    model = AutoModelForCausalLM.from_pretrained(output)
+    assert torch.isfinite(model(torch.arange(TINY_WINDOW)[None]).logits).all()
