@@ -106,7 +106,8 @@ def test_each_strategy_defaults_to_its_papers_granularity(strategy, granularity)
 
 def test_paper_defaults_are_posaug_rpe_random_base_per_step_and_rfs_warp_per_sample():
     assert DEFAULT_GRANULARITY == {"none": "per_step", "posaug": "per_step", "random_base": "per_step",
-                                   "rpe": "per_step", "rfs": "per_sample", "warp": "per_sample"}
+                                   "rpe": "per_step", "rfs": "per_sample", "warp": "per_sample",
+                                   "pose": "per_sample"}  # PoSE: skip offsets drawn per training example
 
 
 # Run in a fresh interpreter with a different default seed, as a separate rank would.
