@@ -104,7 +104,7 @@ def test_each_strategy_defaults_to_its_papers_granularity(strategy, granularity)
     assert PositionConfig(strategy=strategy).granularity == granularity
 
 
-def test_paper_defaults_are_posaug_rpe_random_base_per_step_and_rfs_warp_per_sample():
+def test_paper_defaults_are_posaug_rpe_random_base_per_step_and_rfs_warp_pose_per_sample():
     assert DEFAULT_GRANULARITY == {"none": "per_step", "posaug": "per_step", "random_base": "per_step",
                                    "rpe": "per_step", "rfs": "per_sample", "warp": "per_sample",
                                    "pose": "per_sample"}  # PoSE: skip offsets drawn per training example
