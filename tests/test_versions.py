@@ -137,13 +137,13 @@ import megatron_ext.cpu_compat
 megatron_ext.cpu_compat.apply()
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron_ext import versions
-from pretrain.trainer import checkpoint
+from pretrain.trainer import children
 try:
     importlib.metadata.version("megatron-core")
     metadata = "visible"
 except importlib.metadata.PackageNotFoundError:
     metadata = "absent"
-checkpoint._start_writer_process_shielded()
+children.start_checkpoint_helpers()
 print(json.dumps({"metadata": metadata, "file": filesystem_async.__file__, "version": str(versions.megatron_core_version()),
                   "found": {name: (versions.find(name) or [None])[0] for name in versions.REACHES},
                   "queue_started": filesystem_async._results_queue is not None}))

@@ -156,10 +156,13 @@ def test_a_finished_grid_submits_nothing(story):
 
 def test_a_grid_with_a_run_that_cannot_fit_submits_nothing_to_the_cluster(cluster, tmp_path):
     before = live_jobs("grid-")
+    (tmp_path / "corpus").mkdir()  # the grid checks that both exist before planning
+    (tmp_path / "tokenizer.json").write_text("{}")
     proc = subprocess.run([PY, "-m", "pretrain", "reproduce", "--slurm", "--sizes", "10m", "113m", "--methods",
                            "posaug", "--seeds", "42", "--set", "schedule.micro_batch_size=32", "--output",
-                           str(tmp_path / "grid"), "--data-prefix", str(tmp_path / "owt"), "--corpus", "/c",
-                           "--tokenizer", "/t"], cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+                           str(tmp_path / "grid"), "--data-prefix", str(tmp_path / "owt"), "--corpus",
+                           str(tmp_path / "corpus"), "--tokenizer", str(tmp_path / "tokenizer.json")],
+                          cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: the grid does not fit, nothing was submitted: 113m_baseline: "
                                   "schedule.global_batch_size (128) must be divisible by micro-batch x DP (32 x 8)")

@@ -200,11 +200,11 @@ def test_resuming_with_a_changed_model_is_refused_naming_each_field_and_config_y
     run_train([*RUN, "schedule.train_iters=3", f"checkpoint.save={run_dir}"])
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
     proc = run_train([*RUN, "schedule.train_iters=6", f"checkpoint.save={run_dir}", "model.num_layers=1",
-                      "model.hidden_dropout=0.1"], check=False)
+                      "model.ffn_hidden_size=40"], check=False)
     line = one_error_line(proc)
     assert "model.num_layers: 4 in the checkpoint, 1 now" in line
-    assert "model.hidden_dropout: 0.0 in the checkpoint, 0.1 now" in line
-    assert "--set model.num_layers=4 model.hidden_dropout=0.0" in line and "checkpoint.save=<new run dir>" in line
+    assert "model.ffn_hidden_size: 128 in the checkpoint, 40 now" in line
+    assert "--set model.num_layers=4 model.ffn_hidden_size=128" in line and "checkpoint.save=<new run dir>" in line
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
 
 
