@@ -427,7 +427,19 @@ if _hang_reported; then
     exit "$HANG_EXIT_CODE"
 fi
 
-if [ "$rc" = "$REQUEUE_EXIT_CODE" ] && [ "$REQUEUE" = 1 ]; then
+# `scancel JOB` (a person ending the job) also reaches the trainer as SIGTERM; it must not be undone by a requeue
+# (scontrol requeue takes a cancelled job back). slurmctld shows such a job COMPLETING with no reason, while a
+# time limit says Reason=TimeLimit and `scancel --signal` leaves it RUNNING.
+_cancelled() {
+    local show
+    show=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || return 1
+    case "$show" in *JobState=RUNNING*) return 1 ;; esac
+    case "$show" in *JobState=CANCELLED*|*"Reason=None"*) return 0 ;; esac
+    return 1
+}
+if [ "$rc" = "$REQUEUE_EXIT_CODE" ] && [ "$REQUEUE" = 1 ] && _cancelled; then
+    _log "job $SLURM_JOB_ID was cancelled (scancel): not requeueing; the checkpoint in $RUN_DIR is kept, submit again to resume"
+elif [ "$rc" = "$REQUEUE_EXIT_CODE" ] && [ "$REQUEUE" = 1 ]; then
     # The trainer saved a checkpoint because it was told to stop (time limit, preemption). Put this
     # same job back in the queue; it resumes from the checkpoint when it starts again.
     _log "requeueing job $SLURM_JOB_ID (it will resume from $RUN_DIR)"

@@ -1,4 +1,5 @@
 """Training configuration: YAML mapped onto dataclasses, `--set key=value` overrides, validation.
+(Text to values, and the per-field type checks: config_values.)
 
 Sections mirror Megatron's argument names where Megatron has one (model.num_layers,
 parallel.tensor_model_parallel_size, schedule.global_batch_size, checkpoint.save, ...).
@@ -8,7 +9,6 @@ Everything is validated here, before any process group exists.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
 from pretrain.table import model_preset
+from pretrain.trainer.config_values import coerce, parse_value, read_yaml
 from pretrain.trainer.data import check_data_path, parse_blend, task_source
 from megatron_ext.positions import PositionConfig
 
@@ -284,17 +285,6 @@ TOP_LEVEL = ("name", "seed", "preset")
 NESTED = {("logging", "wandb")}  # fields that are sections of their own
 
 
-def _parse_value(text: str) -> Any:
-    """`--set` values are YAML scalars: 1e-3, true, null, [1, 2] all work."""
-    value = yaml.safe_load(text)
-    if isinstance(value, str):
-        try:  # YAML 1.1 reads "3e-4" (no dot) as a string
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply `section.field=value` strings to a raw config dict (copy)."""
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
@@ -304,56 +294,18 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
         if len(parts) == 1 and parts[0] in TOP_LEVEL:
-            raw[parts[0]] = _parse_value(value)
+            raw[parts[0]] = parse_value(value)
         elif len(parts) == 2 and parts[0] in SECTIONS:
-            raw.setdefault(parts[0], {})[parts[1]] = _parse_value(value)
+            raw.setdefault(parts[0], {})[parts[1]] = parse_value(value)
         elif len(parts) == 3 and tuple(parts[:2]) in NESTED:  # logging.wandb.project=...
             section = raw.setdefault(parts[0], {})
             nested = section.get(parts[1])
-            section[parts[1]] = {**(nested if isinstance(nested, dict) else {}), parts[2]: _parse_value(value)}
+            section[parts[1]] = {**(nested if isinstance(nested, dict) else {}), parts[2]: parse_value(value)}
         else:
             raise ValueError(f"--set {key}: unknown key; use one of {', '.join(TOP_LEVEL)} or "
                              f"<section>.<field> with section in {', '.join(SECTIONS)} "
                              f"(nested: logging.wandb.<field>)")
     return raw
-
-
-_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-               "list": "a list", "tuple": "a list", "None": "null"}
-
-
-def _coerce(section: str, spec: dataclasses.Field, value: Any) -> Any:
-    """The field's value checked against its annotation (bool is not an int, [2] is not an int, an empty
-    `--set x=` is not a number); numbers written as strings ('3e-4' in YAML 1.1) become numbers."""
-    kind = str(spec.type)
-    alternatives = [a.strip().split("[")[0] for a in kind.split("|")]
-    if any(a not in _TYPE_NAMES for a in alternatives):  # a nested section (WandbConfig): checked by its class
-        return value
-    if value is None and "None" in alternatives:
-        return value
-    if isinstance(value, str) and ("float" in alternatives or "int" in alternatives) and "str" not in alternatives:
-        try:
-            return float(value) if "float" in alternatives else int(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool):
-        ok = "bool" in alternatives
-    elif isinstance(value, int):
-        ok = "int" in alternatives or "float" in alternatives
-        value = float(value) if ok and "int" not in alternatives else value
-    elif isinstance(value, float):
-        ok = "float" in alternatives
-    elif isinstance(value, str):
-        ok = "str" in alternatives
-    elif isinstance(value, (list, tuple)):
-        ok = "list" in alternatives or "tuple" in alternatives
-    else:
-        ok = False
-    if not ok:
-        wanted = " or ".join(dict.fromkeys(_TYPE_NAMES[a] for a in alternatives))
-        got = "nothing (an empty value)" if value is None else f"{value!r} ({type(value).__name__})"
-        raise ValueError(f"{section}.{spec.name} must be {wanted}, got {got}")
-    return value
 
 
 def from_dict(raw: dict) -> TrainConfig:
@@ -378,40 +330,13 @@ def from_dict(raw: dict) -> TrainConfig:
         if bad:
             raise ValueError(f"unknown field(s) {sorted(bad)} in section '{section}'; "
                              f"allowed: {', '.join(sorted(names))}")
-        values = {name: _coerce(section, f, values[name]) for name, f in
+        values = {name: coerce(section, f, values[name]) for name, f in
                   ((f.name, f) for f in dataclasses.fields(cls)) if name in values}
         if section == "model" and raw.get("preset"):
             kwargs[section] = model_preset(raw["preset"], **values)
         else:
             kwargs[section] = cls(**values)
     return TrainConfig(**kwargs)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"{key!r} is given twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(path: Path) -> Any:
-    """A YAML file's content; a syntax error or a duplicate key is one ValueError naming the file and line."""
-    try:
-        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ValueError(f"config file {where}: {problem}; fix the YAML there") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"config file {path} is not UTF-8 text") from None
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
