@@ -1,0 +1,235 @@
+"""The model's configuration, named like Megatron's TransformerConfig: the architecture, its checks and its sizes.
+
+Knows nothing of Megatron (megatron_ext.model builds the model from it); the named sizes live in pretrain/table.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+FP8_FORMATS = (None, "e4m3", "hybrid")
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+RECOMPUTE_GRANULARITIES = (None, "full", "selective")
+RECOMPUTE_METHODS = (None, "uniform", "block")
+# rope: RoPE at the sampler's positions; none: NoPE (Megatron's "none"); alibi: no RoPE, an
+# attention bias -m_h·|p_i - p_j| from the same positions (megatron_ext.alibi).
+POSITION_EMBEDDING_TYPES = ("rope", "none", "alibi")
+CORE_ATTENTIONS = ("sdpa", "megatron")  # model.core_attention (megatron_ext.sdpa_attention)
+
+
+@dataclass
+class ModelConfig:
+    """GPT model hyper-parameters; field names follow Megatron's TransformerConfig / arguments."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    ffn_hidden_size: int = 172
+    num_attention_heads: int = 4
+    num_query_groups: int | None = None  # None = num_attention_heads (no GQA)
+    kv_channels: int | None = None  # None = hidden_size // num_attention_heads
+    seq_length: int = 64  # the training window w
+    vocab_size: int = 256  # the tokenizer's size; padded below for TP
+    make_vocab_size_divisible_by: int = 128
+    rotary_base: float = 10000.0
+    rotary_interleaved: bool = False
+    layernorm_epsilon: float = 1e-5
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    untie_embeddings_and_output_weights: bool = False
+    transformer_impl: str = "local"  # local | transformer_engine
+    bf16: bool = False
+    fp8: str | None = None  # None | e4m3 | hybrid (Transformer Engine only)
+    fp8_recipe: str = "delayed"
+    use_cpu_initialization: bool = True  # same weights for every TP size with the same seed
+    # Activation recomputation, as Megatron's --recompute-granularity/-method/-num-layers:
+    # full recomputes whole layers (method + num_layers say which), selective only core attention.
+    recompute_granularity: str | None = None  # None | full | selective
+    recompute_method: str | None = None  # None | uniform | block (full only)
+    recompute_num_layers: int | None = None  # layers per recompute unit (uniform) / per stage (block)
+    position_embedding_type: str = "rope"  # rope | none (NoPE) | alibi
+    # Core attention of the local layers (not a Megatron field: Megatron's local spec has one):
+    # sdpa = torch's scaled_dot_product_attention (flash kernel, scores never materialised);
+    # megatron = Megatron's DotProductAttention (baddbmm + masked softmax + bmm). Same math and
+    # weights; sdpa falls back to megatron's path for calls it does not cover (megatron_ext.sdpa_attention).
+    core_attention: str = "sdpa"
+    # Biases on the q/k/v projections only (Qwen2), as Megatron's TransformerConfig.add_qkv_bias.
+    add_qkv_bias: bool = False
+    # Llama 3.x RoPE scaling of the model's own frequencies (Megatron's --use-rope-scaling and
+    # --rope-scaling-factor; the other three are the constants Megatron fixes, as HF's rope_scaling
+    # names them). It is part of the model: training, evaluation and export all rotate by it.
+    use_rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
+    rope_scaling_low_freq_factor: float = 1.0
+    rope_scaling_high_freq_factor: float = 4.0
+    rope_scaling_original_max_position_embeddings: int = 8192
+    # Position options of 2025 models, each composable with any positions.strategy (rules and papers in
+    # megatron_ext.positions.prope / nope_interleave / ssmax; Megatron wiring in megatron_ext.attention_scaling).
+    rope_proportion: float = 1.0  # p-RoPE: keep the fastest ⌊p·d/2⌋ RoPE frequencies, zero the rest (1 = RoPE)
+    no_rope_freq: int | None = None  # Megatron's: every N-th layer has no RoPE (Llama 4's iRoPE: 4)
+    attn_temperature_tuning: bool = False  # Llama 4: NoPE layers' queries × 1 + β·log1p(⌊(i+1)/F⌋)
+    attn_temperature_beta: float = 0.1  # β (transformers' attn_scale)
+    attn_temperature_floor: int = 8192  # F (transformers' floor_scale)
+    ssmax_scale: float | None = None  # SSMax: every logit × s·log n, n = keys the query sees; None = softmax
+
+    def __post_init__(self) -> None:
+        positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                    "seq_length", "vocab_size", "make_vocab_size_divisible_by")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be > 0 (got {getattr(self, name)})")
+        if self.num_query_groups is None:
+            self.num_query_groups = self.num_attention_heads
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"model.num_query_groups ({self.num_query_groups}) must divide "
+                f"model.num_attention_heads ({self.num_attention_heads})")
+        if self.kv_channels is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"model.hidden_size ({self.hidden_size}) must be divisible by "
+                    f"model.num_attention_heads ({self.num_attention_heads}), or set model.kv_channels")
+            self.kv_channels = self.hidden_size // self.num_attention_heads
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(f"model.position_embedding_type must be one of {POSITION_EMBEDDING_TYPES} "
+                             f"(got {self.position_embedding_type!r})")
+        if self.kv_channels % 2 and self.position_embedding_type == "rope":
+            raise ValueError(f"model.kv_channels must be even for RoPE (got {self.kv_channels})")
+        if self.core_attention not in CORE_ATTENTIONS:
+            raise ValueError(f"model.core_attention must be one of {CORE_ATTENTIONS} (got {self.core_attention!r})")
+        if self.rotary_base <= 1:
+            raise ValueError(f"model.rotary_base must be > 1 (got {self.rotary_base})")
+        if self.transformer_impl not in TRANSFORMER_IMPLS:
+            raise ValueError(f"model.transformer_impl must be one of {TRANSFORMER_IMPLS} "
+                             f"(got {self.transformer_impl!r})")
+        if self.fp8 not in FP8_FORMATS:
+            raise ValueError(f"model.fp8 must be one of {FP8_FORMATS} (got {self.fp8!r})")
+        if self.fp8 is not None and self.transformer_impl != "transformer_engine":
+            raise ValueError("model.fp8 needs model.transformer_impl=transformer_engine "
+                             "(FP8 runs only through Transformer Engine)")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES} (got {self.fp8_recipe!r})")
+        self._check_recompute()
+        self._check_position_options()
+        if self.use_rope_scaling:
+            if self.position_embedding_type != "rope":
+                raise ValueError("model.use_rope_scaling (Llama 3 RoPE scaling) needs "
+                                 "model.position_embedding_type=rope")
+            self.rope_scaling()  # validates the factors
+
+    def _check_position_options(self) -> None:
+        """p-RoPE, NoPE-interleave, temperature and SSMax settings (ValueError naming the field and the fix)."""
+        from megatron_ext.positions import kept_frequencies, nope_layers
+
+        rope = self.position_embedding_type == "rope"
+        kept_frequencies(self.kv_channels, self.rope_proportion)  # validates the range
+        if self.rope_proportion < 1.0 and (not rope or self.use_rope_scaling):
+            raise ValueError("model.rope_proportion < 1 (p-RoPE) needs model.position_embedding_type=rope "
+                             "without model.use_rope_scaling")
+        if self.no_rope_freq is not None:
+            if not rope:
+                raise ValueError("model.no_rope_freq (NoPE-interleaved layers) needs model.position_embedding_type"
+                                 "=rope; for NoPE everywhere use position_embedding_type=none")
+            nope_layers(self.num_layers, self.no_rope_freq)  # validates it
+        if self.attn_temperature_tuning and self.no_rope_freq is None:
+            raise ValueError("model.attn_temperature_tuning scales the NoPE layers' queries: set model.no_rope_freq")
+        if self.attn_temperature_beta < 0 or self.attn_temperature_floor < 1:
+            raise ValueError(f"model.attn_temperature_beta must be >= 0 and model.attn_temperature_floor >= 1 "
+                             f"(got {self.attn_temperature_beta} and {self.attn_temperature_floor})")
+        if self.ssmax_scale is not None and not self.ssmax_scale > 0:
+            raise ValueError(f"model.ssmax_scale must be > 0 or null (got {self.ssmax_scale})")
+
+    @property
+    def scales_queries(self) -> bool:
+        """True when queries get a per-token factor (attention temperature or SSMax)."""
+        return self.attn_temperature_tuning or self.ssmax_scale is not None
+
+    def rope_scaling(self):
+        """The model's own RoPE scaling (megatron_ext.positions.RopeScaling 'llama3'), None without one."""
+        from megatron_ext.positions import RopeScaling
+
+        if not self.use_rope_scaling:
+            return None
+        try:
+            return RopeScaling(kind="llama3", factor=float(self.rope_scaling_factor),
+                               original_max_position_embeddings=int(self.rope_scaling_original_max_position_embeddings),
+                               low_freq_factor=float(self.rope_scaling_low_freq_factor),
+                               high_freq_factor=float(self.rope_scaling_high_freq_factor))
+        except ValueError as error:
+            raise ValueError(f"model.use_rope_scaling: {error} (model.rope_scaling_* fields)") from None
+
+    def inv_freq(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The model's RoPE inverse frequencies [rotary_dim // 2] (Llama 3 scaled with use_rope_scaling)."""
+        from megatron_ext.positions import prope_inv_freq, rope_inv_freq, scaled_inv_freq
+
+        scaling = self.rope_scaling()
+        if self.rope_proportion < 1.0:
+            return prope_inv_freq(self.rotary_dim, self.rotary_base, self.rope_proportion, device)
+        if scaling is None:
+            return rope_inv_freq(self.rotary_dim, self.rotary_base, device)
+        return scaled_inv_freq(self.rotary_dim, self.rotary_base, scaling, self.seq_length, device)[0]
+
+    def check_positions(self, strategy: str, rope_scaling: str | None) -> None:
+        """Refuse position settings that would drop the model's own Llama 3 scaling (ValueError naming them)."""
+        if self.rope_proportion < 1.0 and (strategy == "random_base" or rope_scaling not in (None, "none")):
+            raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would rebuild plain "
+                             "RoPE frequencies and drop p-RoPE's (model.rope_proportion < 1): drop it")
+        if not self.use_rope_scaling:
+            return
+        if strategy == "random_base":
+            raise ValueError("positions.strategy=random_base draws plain RoPE frequencies, which would drop the "
+                             "model's Llama 3 RoPE scaling (model.use_rope_scaling); use posaug, rfs, rpe or warp")
+        if rope_scaling not in (None, "none"):
+            raise ValueError(f"rope scaling {rope_scaling!r} cannot be added to the model's own Llama 3 RoPE scaling "
+                             "(model.use_rope_scaling; an HF config holds one rope type): drop it")
+
+    def _check_recompute(self) -> None:
+        """Megatron's TransformerConfig rules for recompute_*, raised before any model is built."""
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(f"model.recompute_granularity must be null, full or selective "
+                             f"(got {self.recompute_granularity!r})")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise ValueError(f"model.recompute_method must be null, uniform or block (got {self.recompute_method!r})")
+        if self.recompute_granularity == "full":
+            if self.recompute_method is None or self.recompute_num_layers is None:
+                raise ValueError("model.recompute_granularity=full needs model.recompute_method (uniform or block) "
+                                 "and model.recompute_num_layers (e.g. uniform with 1 recomputes every layer)")
+            if self.recompute_num_layers < 1:
+                raise ValueError(f"model.recompute_num_layers must be >= 1 (got {self.recompute_num_layers})")
+        elif self.recompute_method is not None or self.recompute_num_layers is not None:
+            raise ValueError("model.recompute_method and model.recompute_num_layers apply only to "
+                             "model.recompute_granularity=full; remove them or set the granularity to full")
+
+    @property
+    def rotary_dim(self) -> int:
+        """Number of rotated channels per head (Megatron's rotary_percent is 1.0 here)."""
+        return self.kv_channels
+
+    def padded_vocab_size(self, tensor_model_parallel_size: int = 1) -> int:
+        """Vocabulary padded to a multiple of make_vocab_size_divisible_by × TP, as Megatron does."""
+        multiple = self.make_vocab_size_divisible_by * tensor_model_parallel_size
+        return -(-self.vocab_size // multiple) * multiple
+
+    def non_embedding_parameters(self) -> int:
+        """Parameters outside the (tied) embedding: what the PosAug paper's Table 1 counts."""
+        h, f, d = self.hidden_size, self.ffn_hidden_size, self.kv_channels
+        q, kv = self.num_attention_heads * d, self.num_query_groups * d
+        attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.add_qkv_bias else 0)
+        mlp = h * 2 * f + f * h  # SwiGLU: gate and up in fc1, down in fc2
+        norms = 2 * h
+        return self.num_layers * (attention + mlp + norms) + h  # + final norm
+
+    def total_parameters(self, tensor_model_parallel_size: int = 1) -> int:
+        """All parameters, with the padded vocabulary (one embedding copy unless untied)."""
+        embedding = self.padded_vocab_size(tensor_model_parallel_size) * self.hidden_size
+        copies = 2 if self.untie_embeddings_and_output_weights else 1
+        return self.non_embedding_parameters() + copies * embedding
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (6N + attention), for the MFU estimate."""
+        n = self.non_embedding_parameters() + self.padded_vocab_size() * self.hidden_size
+        attention = 12 * self.num_layers * self.num_attention_heads * self.kv_channels * self.seq_length
+        return 6 * n + attention
