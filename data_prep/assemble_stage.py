@@ -18,7 +18,7 @@ from typing import Iterator, Optional, Union
 import numpy as np
 
 from data_prep.checksums import matches_checksums, pair_checksums
-from data_prep.errors import DataError
+from pretrain.faults import DataError
 from data_prep.manifest import read_json, write_json_atomic
 from data_prep.tokenize_stage import unit_paths
 

@@ -7,7 +7,7 @@ import sys
 from typing import Optional
 
 from pretrain.cli import Parser  # one grammar with `python -m pretrain`
-from data_prep.errors import FULL_OR_READ_ONLY, naming_output, one_line
+from pretrain.faults import FULL_OR_READ_ONLY, naming_output, one_line
 from data_prep.overlap import check_apart
 from data_prep.units import FORMATS, NORMALIZE_RULES
 

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from data_prep.errors import naming_output
+from pretrain.faults import naming_output
 
 MANIFEST_VERSION = 2
 _MANIFEST_SUFFIX = "_manifest.json"

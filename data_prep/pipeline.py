@@ -25,7 +25,7 @@ from data_prep.bpe_fast import sample_texts
 from data_prep.checksums import matches_checksums
 from data_prep.config import BuildConfig, BuildPlan
 from data_prep.dist import Comm, get_comm
-from data_prep.errors import DataError, naming_output
+from pretrain.faults import DataError, naming_output
 from data_prep.fingerprint import build_state, describe_changes, fingerprint
 from data_prep.manifest import MANIFEST_VERSION, manifest_path, read_json, shard_prefix, valid_prefix, write_json_atomic
 from data_prep.progress import Progress

@@ -10,7 +10,7 @@ import numpy as np
 
 from data_prep import __version__
 from data_prep.config import BuildConfig, BuildPlan
-from data_prep.errors import DataError
+from pretrain.faults import DataError
 from data_prep.manifest import MANIFEST_VERSION, manifest_path, write_json_atomic
 from data_prep.units import Unit
 

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from data_prep.config import BuildConfig
-from data_prep.errors import DataError, naming_output
+from pretrain.faults import DataError, naming_output
 from data_prep.manifest import read_json, write_json_atomic
 from data_prep.readers import iter_unit
 from data_prep.units import Unit

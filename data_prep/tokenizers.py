@@ -12,7 +12,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 from data_prep.checksums import sha256_files
-from data_prep.errors import one_line
+from pretrain.faults import one_line
 
 # Names tried, in order, for the end-of-document and padding tokens.
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<eos>", "<eod>", "[SEP]")

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from data_prep.errors import naming_output
+from pretrain.faults import naming_output
 
 # Megatron's DType.optimal_dtype rule (cardinality < 65500 -> uint16, else int32); repeated here
 # so tokenising workers need not import megatron/torch. A test checks it matches Megatron's.

@@ -27,6 +27,7 @@ CARVED_OUT = {
 ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (-1, "Megatron compat", ("megatron_ext.cpu_compat", "megatron_ext.versions")),
     (-1, "command-line grammar", ("pretrain.cli",)),
+    (-1, "write faults", ("pretrain.faults",)),
     (0, "positions", ("megatron_ext.positions",)),
     (0, "data", ("data_prep",)),
     (0, "console", ("pretrain.console",)),

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from data_prep.errors import OutputError, check_writable
+from pretrain.faults import OutputError, check_writable
 from data_prep.overlap import check_apart
 
 from . import downstream, report

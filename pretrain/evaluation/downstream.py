@@ -207,7 +207,7 @@ def evaluate_downstream(source: str | Path, tasks: list[str], *, num_fewshot: in
     from lm_eval.models.huggingface import HFLM
     from lm_eval.utils import handle_non_serializable
 
-    from data_prep.errors import write_text_atomic
+    from pretrain.faults import write_text_atomic
 
     manager = task_manager(include_path, tasks)
     check_tasks(manager, tasks)

@@ -28,7 +28,7 @@ def default_label(run_name: str) -> str:
 
 def write_record(record: dict, path: str | Path) -> Path:
     """Write one JSON record (parents created; atomically, so a full disk never leaves half a record)."""
-    from data_prep.errors import write_text_atomic
+    from pretrain.faults import write_text_atomic
 
     path = Path(path)
     write_text_atomic(path, json.dumps(record, indent=1, default=_json_default), what="evaluation record",

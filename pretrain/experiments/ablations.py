@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from data_prep.errors import OutputError, write_text_atomic
+from pretrain.faults import OutputError, write_text_atomic
 from pretrain.experiments.ablation_tables import PRESETS, ROWS, SHAPES, row_preset, rows_of
 from pretrain.experiments.presets import Preset
 from pretrain.experiments.reproduce import prepare_data, train_config

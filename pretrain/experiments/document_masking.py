@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from data_prep.errors import OutputError, write_text_atomic
+from pretrain.faults import OutputError, write_text_atomic
 from pretrain.cli import Parser, add_seeds, seeds_of
 from pretrain.experiments.presets import PRESETS, Preset
 from pretrain.trainer import config as config_module

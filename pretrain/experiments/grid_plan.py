@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.errors import write_text_atomic
+from pretrain.faults import write_text_atomic
 from pretrain.experiments.presets import INFERENCE, PRESETS, Preset
 from pretrain.table import EXTRAPOLATION, PAPER_VOCAB, PAPER_WINDOW, SIZES
 

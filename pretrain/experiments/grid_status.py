@@ -7,7 +7,7 @@ import re
 import time
 from pathlib import Path
 
-from data_prep.errors import write_text_atomic
+from pretrain.faults import write_text_atomic
 from pretrain.experiments.grid_plan import (PRESETS, Spec, eval_labels, eval_path, evaluated, load_state,
                                             parse_run_name, run_name, size_preset)
 

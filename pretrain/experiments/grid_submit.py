@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from data_prep.errors import write_text_atomic
+from pretrain.faults import write_text_atomic
 from pretrain.experiments.grid_plan import (CPU_LAUNCHER_SIZE, CPU_TRAIN_RESOURCES, EVAL_RESOURCES, GRID_FILE,
                                             JOB_PREFIX, LIVE_STATES, REPORT_RESOURCES, ROOT, Spec, eval_path, evaluated,
                                             load_state, run_name, save_state, shards_ready, train_config,

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from data_prep.errors import write_text_atomic
+from pretrain.faults import write_text_atomic
 from pretrain.experiments.presets import INFERENCE, PRESETS, TRAINING_METHODS, Preset
 from pretrain.table import METHODS
 from pretrain.trainer import config as config_module

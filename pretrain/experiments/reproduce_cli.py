@@ -103,7 +103,7 @@ def ablations_parser() -> Parser:
 def lm_main(argv: list[str]) -> int:
     """CLI of `reproduce --suite lm` (the default suite)."""
     args = lm_parser().parse_args(argv)
-    from data_prep.errors import OutputError
+    from pretrain.faults import OutputError
     from pretrain.experiments.presets import PRESETS
     from pretrain.experiments.reproduce import reproduce, with_methods
 

@@ -24,7 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from data_prep.errors import OutputError
+from pretrain.faults import OutputError
 from pretrain.experiments.grid_plan import (GRID_FILE, PAPER, PAPER_SEEDS, PRESETS, Spec, _log, load_state,
                                             parse_run_name, plan_grid, run_name, shards_ready)
 from pretrain.experiments.grid_status import stage_data, stage_eval, stage_report, status

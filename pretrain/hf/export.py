@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from data_prep.errors import human_bytes, naming_output
+from pretrain.faults import human_bytes, naming_output
 from data_prep.overlap import check_apart
 from megatron_ext.model import ModelConfig
 from megatron_ext.positions import RopeScaling

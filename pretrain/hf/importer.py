@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from data_prep.errors import naming_output
+from pretrain.faults import naming_output
 from data_prep.overlap import check_apart
 from megatron_ext.model import ModelConfig
 from pretrain.hf.export import check_output, publish

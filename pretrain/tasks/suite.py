@@ -225,7 +225,7 @@ def record_invocation(out: Path, record: dict) -> list[dict]:
     A resumable suite may be split across invocations, so the report sums their wall times instead of
     showing only the last one's.
     """
-    from data_prep.errors import write_text_atomic
+    from pretrain.faults import write_text_atomic
 
     path = out / "timing" / INVOCATIONS
     records = json.loads(path.read_text()) if path.is_file() else []

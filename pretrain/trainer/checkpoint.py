@@ -31,7 +31,7 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from data_prep.errors import OutputError, human_bytes, output_error, probe_fault, write_fault
+from pretrain.faults import OutputError, human_bytes, output_error, probe_fault, write_fault
 from pretrain.trainer import children
 from pretrain.trainer.run_dir import (LATEST, MOVE_RUN, STATE, CheckpointError,  # noqa: F401 (re-exported)
                                       DamagedCheckpointError, Resume, RunLock, any_rank, checkpoints, file_record,

@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from data_prep.errors import FULL_OR_READ_ONLY, OutputError
+from pretrain.faults import FULL_OR_READ_ONLY, OutputError
 from megatron_ext.positions import build_sampler
 from pretrain.trainer import checkpoint, children, distributed, resume_check
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict

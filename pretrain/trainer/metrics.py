@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from data_prep.errors import OutputError
+from pretrain.faults import OutputError
 from pretrain.console import Progress, format_duration
 from pretrain.trainer.peak import Peak, device_peak, forget, plausible_mfu
 from pretrain.trainer.run_dir import run_output

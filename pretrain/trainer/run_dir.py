@@ -27,7 +27,7 @@ from typing import Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
-from data_prep.errors import WRITE_FAULTS, OutputError, naming_output
+from pretrain.faults import WRITE_FAULTS, OutputError, naming_output
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "train_state.json"

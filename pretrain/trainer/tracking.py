@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from data_prep.errors import OutputError, write_fault
+from pretrain.faults import OutputError, write_fault
 from pretrain.trainer.run_dir import WANDB_STATE, run_output
 
 WANDB_MIN_VERSION = (0, 17)

@@ -1,11 +1,11 @@
-"""The one place write faults become our one-line error (data_prep/errors.py): which errors count, and the line."""
+"""The one place write faults become our one-line error (pretrain/faults.py): which errors count, and the line."""
 
 import errno
 import pickle
 
 import pytest
 
-from data_prep.errors import OutputError, OutputSpaceError, naming_output, output_error, write_fault
+from pretrain.faults import OutputError, OutputSpaceError, naming_output, output_error, write_fault
 
 
 @pytest.mark.parametrize("error, code", [

@@ -5,7 +5,7 @@ and no temporary file. Real tmpfs mounts (`small_disk`, root as in `make test`);
 import pytest
 
 from conftest import file_hashes
-from data_prep.errors import OutputSpaceError
+from pretrain.faults import OutputSpaceError
 from pretrain.evaluation.cli import eval_cli
 from pretrain.evaluation.report import write_record
 

@@ -1,4 +1,4 @@
-"""Errors that reach the user as one line naming the input (or output) and the fix.
+"""Errors that reach the user as one line naming the input (or output) and the fix: the write-fault room.
 
 Writing faults (a full disk, a read-only or unwritable directory, a directory removed under a
 running job) are turned into our one-line OutputError here, in one place, for every writer of
