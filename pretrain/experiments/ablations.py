@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,15 +25,12 @@ from pretrain.experiments.reproduce import prepare_data, train_config
 from pretrain.table import SIZES
 from pretrain.tasks.suite import INVOCATIONS, record_invocation
 from pretrain.trainer import config as config_module
+from pretrain.trainer.run_pool import load_average, train_in_processes
 
 SEEDS = [42, 137, 2024] + list(range(1, 100))  # the paper's seeds first, as `reproduce`
 
 def _log(message: str) -> None:
     print(f"[ablations] {message}", flush=True)
-
-
-def _load() -> str:
-    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
 
 
 def shaped(architecture: dict, shape: str) -> dict:
@@ -67,58 +63,29 @@ def _run_name(name: str, seed: int) -> str:
 
 def train_runs(out: Path, preset: Preset, names: list[str], seed: int, data_prefix: str,
                jobs: int) -> dict[str, Path]:
-    """Train every row of `names` for `seed` not finished yet, `jobs` processes of cores/jobs threads at a time.
-
-    A process per run (Megatron's global state does not leak between runs); per-run wall and CPU
-    seconds go to timing/<run>.json.
-    """
+    """Train every row of `names` for `seed` not finished yet, `jobs` processes at a time (trainer.run_pool)."""
     from pretrain.trainer.checkpoint import latest_iteration
 
     runs = {name: out / "runs" / _run_name(name, seed) for name in names}
+    rows = {run_dir.name: name for name, run_dir in runs.items()}
     iters = {name: row_preset(preset, ROWS[name]).train_iters for name in names}
-    todo = [n for n in names if latest_iteration(runs[n]) != iters[n]]
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    for folder in ("configs", "logs", "timing"):
-        (out / folder).mkdir(parents=True, exist_ok=True)
-    running: dict[str, tuple[subprocess.Popen, float]] = {}
-    walls: list[float] = []
-    while todo or running:
-        while todo and len(running) < jobs:
-            name = todo.pop(0)
-            eta = (f"; ETA {sum(walls) / len(walls) * (len(todo) + 1 + len(running)) / jobs / 60:.1f} min"
-                   if walls else "")
-            _log(f"training {_run_name(name, seed)} ({iters[name]} steps; {len(todo)} more queued, "
-                 f"load {_load()}){eta}")
-            config_file = out / "configs" / f"{_run_name(name, seed)}.yaml"
-            write_text_atomic(config_file, config_module.dump(row_config(preset, name, seed, data_prefix, runs[name])),
-                              what="run config")
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-            with (out / "logs" / f"{_run_name(name, seed)}.log").open("w") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)],
-                                        stdout=log, stderr=subprocess.STDOUT, env=env)
-            running[name] = (proc, time.time())
-        time.sleep(0.5)
-        for name, (proc, begun) in list(running.items()):
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid == 0:
-                continue
-            del running[name]
-            code = os.waitstatus_to_exitcode(status)
-            proc.returncode = code
-            log_file = out / "logs" / f"{_run_name(name, seed)}.log"
-            if code != 0:
-                for other, _ in running.values():
-                    other.kill()
-                    other.wait()
-                raise RuntimeError(f"training {_run_name(name, seed)} failed (exit {code}); log {log_file}:\n"
-                                   f"{log_file.read_text()[-3000:]}")
-            wall = time.time() - begun
-            walls.append(wall)
-            timing = {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "threads": threads, "jobs": jobs,
-                      "load_at_end": _load()}
-            write_text_atomic(out / "timing" / f"{_run_name(name, seed)}.json", json.dumps(timing),
-                              what="run timing")
-            _log(f"    {_run_name(name, seed)}: {wall:.0f} s wall, {timing['cpu_s']:.0f} s CPU")
+    (out / "configs").mkdir(parents=True, exist_ok=True)
+
+    def write_config(run: str) -> Path:
+        config_file = out / "configs" / f"{run}.yaml"
+        config = row_config(preset, rows[run], seed, data_prefix, runs[rows[run]])
+        write_text_atomic(config_file, config_module.dump(config), what="run config")
+        return config_file
+
+    def on_start(run: str, queued: int, eta: str) -> None:
+        _log(f"training {run} ({iters[rows[run]]} steps; {queued} more queued, load {load_average()}){eta}")
+
+    def on_end(run: str, timing: dict) -> None:
+        _log(f"    {run}: {timing['wall_s']:.0f} s wall, {timing['cpu_s']:.0f} s CPU")
+
+    todo = [runs[n].name for n in names if latest_iteration(runs[n]) != iters[n]]
+    train_in_processes(todo, jobs=jobs, write_config=write_config, log_dir=out / "logs", timing_dir=out / "timing",
+                       on_start=on_start, on_end=on_end)
     return runs
 
 
@@ -170,7 +137,7 @@ def evaluate_runs(out: Path, preset: Preset, runs: dict[str, Path], seed: int, d
         in_dist = sum(record["per_span"]["in_dist"]) / preset.num_spans
         ood = sum(record["per_span"]["ood_4w"]) / preset.num_spans
         _log(f"    eval {run_dir.name}: in-dist {in_dist:.3f}, cliff@4w {ood - in_dist:.3f} "
-             f"({record['eval_s']:.0f} s, load {_load()})")
+             f"({record['eval_s']:.0f} s, load {load_average()})")
     return records
 
 
@@ -187,7 +154,7 @@ def run_suite(out: Path, preset: Preset, preset_name: str, tables: list[int], se
     """Train, evaluate and report, one (seed, table) block at a time; the report is rewritten after each."""
     from pretrain.experiments.ablations_report import write_report
 
-    started, load_start = time.time(), _load()
+    started, load_start = time.time(), load_average()
     out.mkdir(parents=True, exist_ok=True)
     before = set((out / "timing").glob("*.json")) if (out / "timing").is_dir() else set()
     data_prefix = None if report_only else prepare_data(out, preset, corpus)
@@ -207,7 +174,7 @@ def run_suite(out: Path, preset: Preset, preset_name: str, tables: list[int], se
                     records[record["run"]] = record
                 record_invocation(out, {
                     "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-                    "wall_s": time.time() - started, "jobs": jobs, "load_start": load_start, "load_end": _load(),
+                    "wall_s": time.time() - started, "jobs": jobs, "load_start": load_start, "load_end": load_average(),
                     "runs_trained": len(set((out / "timing").glob("*.json")) - before - {out / "timing" / INVOCATIONS}),
                     "seeds": seeds, "tables": tables})
             if records:

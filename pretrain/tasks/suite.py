@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from pretrain.faults import write_text_atomic
 from pretrain.tasks.generators import TASKS, VOCAB_SIZE
 from pretrain.tasks.source import sequence_tokens
+from pretrain.trainer.run_pool import load_average, train_in_processes
 
 
 from pretrain.tasks.presets import METHODS, PRESETS, SuitePreset  # noqa: F401 (re-exported)
@@ -62,82 +63,38 @@ def run_config(preset: SuitePreset, task: str, method: str, seed: int, run_dir: 
     }
 
 
-def _load() -> str:
-    """The 1-minute load average (other jobs slow the wall clock, never the CPU time)."""
-    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
-
-
-def _start(config_file: Path, log_file: Path, threads: int) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    with log_file.open("w") as log:
-        return subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-
-
-def _reap(proc: subprocess.Popen) -> tuple[int, float] | None:
-    """(exit code, CPU seconds of the child) once it has ended, else None."""
-    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-    if pid == 0:
-        return None
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_utime + usage.ru_stime
-
-
 def train_runs(out: Path, preset: SuitePreset, seeds: list[int], jobs: int = 1) -> dict[tuple[str, str, int], Path]:
-    """Train every (task, method, seed) not finished yet, `jobs` processes at a time; returns the run dirs.
-
-    Each run is its own process with cores // jobs threads: these models are so small that two
-    1-thread runs side by side beat one 2-thread run, and OpenMP threads that wait for a core
-    on a busy machine spin (wall and CPU time grow several-fold), single threads do not.
-    Per-run wall and CPU seconds go to timing/<run>.json for the report.
-    """
+    """Train every (task, method, seed) not finished yet, `jobs` processes at a time (trainer.run_pool); returns
+    the run dirs."""
     from pretrain.trainer import config as config_module
     from pretrain.trainer.checkpoint import latest_iteration
 
     runs = {(t, m, s): out / "runs" / f"{t}_{m}_s{s}" for s in seeds for t in preset.tasks for m in preset.methods}
-    todo = [key for key, run_dir in runs.items() if latest_iteration(run_dir) != preset.iters(key[0])]
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    for folder in ("configs", "logs", "timing"):
-        (out / folder).mkdir(parents=True, exist_ok=True)
-    finished, run_walls = 0, []
-    running: dict[tuple[str, str, int], tuple[subprocess.Popen, float]] = {}
-    while todo or running:
-        while todo and len(running) < jobs:
-            key = todo.pop(0)
-            task, method, seed = key
-            done = finished + len(running)
-            # Runs in flight count whole: a slight overestimate, never the 2x of elapsed / finished.
-            mean_wall = sum(run_walls) / len(run_walls) if run_walls else 0.0
-            eta = f"; ETA {mean_wall * (len(todo) + 1 + len(running)) / jobs / 60:.1f} min" if run_walls else ""
-            _log(f"[{done + 1}/{done + 1 + len(todo)} to train, {len(runs)} runs, load {_load()}] "
-                 f"{task} / {method} / seed {seed}{eta}")
-            config_file = out / "configs" / f"{runs[key].name}.yaml"
-            config = config_module.from_dict(run_config(preset, task, method, seed, runs[key]))
-            config_file.write_text(config_module.dump(config))
-            running[key] = (_start(config_file, out / "logs" / f"{runs[key].name}.log", threads), time.time())
-        time.sleep(0.5)
-        for key, (proc, begun) in list(running.items()):
-            ended = _reap(proc)
-            if ended is None:
-                continue
-            del running[key]
-            finished += 1
-            code, cpu = ended
-            log_file = out / "logs" / f"{runs[key].name}.log"
-            if code != 0:
-                for other, _ in running.values():
-                    other.kill()
-                    other.wait()
-                raise RuntimeError(f"training {runs[key].name} failed (exit {code}, config "
-                                   f"{out / 'configs' / (runs[key].name + '.yaml')}):\n{log_file.read_text()[-3000:]}")
-            run_walls.append(time.time() - begun)
-            timing = {"wall_s": time.time() - begun, "cpu_s": cpu, "threads": threads, "jobs": jobs,
-                      "load_at_end": _load()}
-            (out / "timing" / f"{runs[key].name}.json").write_text(json.dumps(timing))
-            last = [line for line in log_file.read_text().splitlines()
-                    if line.startswith("step ") and "/" in line.split()[1]]
-            _log(f"    {runs[key].name}: {last[-1] if last else 'done'} | {timing['wall_s']:.0f} s wall, "
-                 f"{cpu:.0f} s CPU")
+    keys = {run_dir.name: key for key, run_dir in runs.items()}
+    todo = [run_dir.name for key, run_dir in runs.items() if latest_iteration(run_dir) != preset.iters(key[0])]
+    (out / "configs").mkdir(parents=True, exist_ok=True)
+
+    def write_config(name: str) -> Path:
+        task, method, seed = keys[name]
+        config_file = out / "configs" / f"{name}.yaml"
+        config = config_module.from_dict(run_config(preset, task, method, seed, runs[keys[name]]))
+        write_text_atomic(config_file, config_module.dump(config), what="run config")
+        return config_file
+
+    def on_start(name: str, queued: int, eta: str) -> None:
+        task, method, seed = keys[name]
+        done = len(todo) - queued
+        _log(f"[{done}/{len(todo)} to train, {len(runs)} runs, load {load_average()}] {task} / {method} / "
+             f"seed {seed}{eta}")
+
+    def on_end(name: str, timing: dict) -> None:
+        last = [line for line in (out / "logs" / f"{name}.log").read_text().splitlines()
+                if line.startswith("step ") and "/" in line.split()[1]]
+        _log(f"    {name}: {last[-1] if last else 'done'} | {timing['wall_s']:.0f} s wall, "
+             f"{timing['cpu_s']:.0f} s CPU")
+
+    train_in_processes(todo, jobs=jobs, write_config=write_config, log_dir=out / "logs", timing_dir=out / "timing",
+                       on_start=on_start, on_end=on_end)
     return runs
 
 
@@ -198,7 +155,7 @@ def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int
                 record = future.result()
                 (out / "eval" / f"{runs[futures[future]].name}.json").write_text(json.dumps(record))
                 seen, unseen = record["summary"]["seen"], record["summary"]["unseen"]
-                _log(f"[eval {index}/{len(todo)}, load {_load()}] {task} / {method}: seen {seen['accuracy']:.3f}, "
+                _log(f"[eval {index}/{len(todo)}, load {load_average()}] {task} / {method}: seen {seen['accuracy']:.3f}, "
                      f"unseen {unseen['accuracy'] if unseen else float('nan'):.3f} "
                      f"({record['eval_timing']['wall_s']:.0f} s wall, {record['eval_timing']['cpu_s']:.0f} s CPU)")
     return [json.loads((out / "eval" / f"{run_dir.name}.json").read_text()) for run_dir in runs.values()]
@@ -225,8 +182,6 @@ def record_invocation(out: Path, record: dict) -> list[dict]:
     A resumable suite may be split across invocations, so the report sums their wall times instead of
     showing only the last one's.
     """
-    from pretrain.faults import write_text_atomic
-
     path = out / "timing" / INVOCATIONS
     records = json.loads(path.read_text()) if path.is_file() else []
     records = [r for r in records if r["started"] != record["started"]] + [record]
@@ -249,7 +204,7 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
 
     from pretrain.tasks.report import write_report
 
-    started, load_start = time.time(), _load()
+    started, load_start = time.time(), load_average()
     out.mkdir(parents=True, exist_ok=True)
     timed_before = _timed_runs(out)
     invocations = json.loads(path.read_text()) if (path := out / "timing" / INVOCATIONS).is_file() else []
@@ -270,7 +225,7 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
             if not records:
                 continue
             timing = {**timings(out, runs, records), "wall_s": time.time() - started, "jobs": jobs,
-                      "load_start": load_start, "load_end": _load(), "report_only": report_only}
+                      "load_start": load_start, "load_end": load_average(), "report_only": report_only}
             if not report_only:
                 invocations = record_invocation(out, {
                     "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
