@@ -1,14 +1,7 @@
 """Megatron-Core distributed checkpoints: atomic verified save, keep-last-K, resume under any TP/PP.
 
-Layout of a run directory:
-
-    <save>/.lock                              POSIX lock held by rank 0 for a run's life (PID, host inside)
-    <save>/config.yaml                        resolved config of the run
-    <save>/latest_checkpointed_iteration.txt  a hint for Megatron tools; resume trusts the iter_* dirs
-    <save>/iter_0000100/                      dist_checkpointing files (model + optimizer),
-        rng/rank_00000.pt                     per-rank RNG states as plain tensors (weights_only loads)
-        train_state.json                      written last: iteration, consumed samples, scheduler,
-                                              layout, config, and "files": bytes + sha256 of every file
+The run directory's files (layout, commit, pruning, a failed save's clean-up) belong to
+`pretrain.trainer.run_dir`; this module writes and reads Megatron's state into them.
 
 A save goes to `iter_N.tmp` and is renamed when every rank has finished writing and
 train_state.json records the size and checksum of each file, so a crash mid-save leaves the
@@ -18,25 +11,24 @@ is decided in `pretrain.trainer.run_dir` (re-exported here). Weights holding NaN
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import pickle
 import random
-import shutil
 from pathlib import Path
 
 import numpy
 import torch
 import torch.distributed as dist
 
-from pretrain.faults import OutputError, human_bytes, output_error, probe_fault, write_fault
+from pretrain.faults import probe_fault, write_fault
 from pretrain.trainer import children
 from pretrain.trainer.run_dir import (LATEST, MOVE_RUN, STATE, CheckpointError,  # noqa: F401 (re-exported)
-                                      DamagedCheckpointError, Resume, RunLock, any_rank, checkpoints, file_record,
-                                      iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
-                                      read_train_state, resolve, resume_hint, run_output, set_aside_newer, verify)
+                                      DamagedCheckpointError, Resume, any_rank, checkpoints,
+                                      commit_checkpoint, failed_save_error, file_record, iteration_dir,
+                                      latest_iteration, on_rank0, partial_dir, plan_resume, rank as _rank,
+                                      read_train_state, resolve, resume_hint, run_output, set_aside_newer,
+                                      start_partial, verify)
 
 # Megatron's checkpoint helper processes (results-queue Manager, forked writers) are started shielded
 # from the job's stop signals and tied to the trainer's life in pretrain.trainer.children.
@@ -61,21 +53,6 @@ class NonFiniteWeightsError(RuntimeError):
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 # ------------------------------------------------------------------------------ RNG states
@@ -183,7 +160,7 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
     children.start_checkpoint_helpers()
 
     run_dir = Path(run_dir)
-    final, tmp = iteration_dir(run_dir, iteration), Path(f"{iteration_dir(run_dir, iteration)}.tmp")
+    final, tmp = iteration_dir(run_dir, iteration), partial_dir(run_dir, iteration)
     if final.exists():  # on every rank, so none waits at a barrier for a failed one
         raise CheckpointError(f"{final} already exists and belongs to another run history; not replacing it: "
                               "pass --set checkpoint.save=<new run dir>")
@@ -193,8 +170,7 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
 
     def make_tmp() -> None:
         if _rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=not run_dir_exists)
+            start_partial(run_dir, iteration, make_run_dir=not run_dir_exists)
 
     def write_shards() -> None:
         model_state = engine.sharded_state_dict()
@@ -208,14 +184,7 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
         if _rank() == 0:
             record = dict(train_state, iteration=iteration, scheduler=engine.scheduler.state_dict(), layout=_layout(),
                           use_distributed_optimizer=engine.parallel.use_distributed_optimizer, files=files)
-            _write_durably(tmp / STATE, json.dumps(record, indent=1, default=str))
-            os.replace(tmp, final)  # the commit point: an iter_* directory is complete by construction
-            _fsync_dir(run_dir)
-            marker_tmp = run_dir / f"{LATEST}.tmp"
-            _write_durably(marker_tmp, str(iteration))
-            os.replace(marker_tmp, run_dir / LATEST)
-            _fsync_dir(run_dir)
-            _prune(run_dir, keep_last)
+            commit_checkpoint(run_dir, iteration, record, keep_last)
 
     _on_every_rank(make_tmp, run_dir, iteration)
     _barrier()
@@ -248,7 +217,7 @@ def _on_every_rank(step, run_dir: Path, iteration: int) -> None:
         step()
     except (Exception, CheckpointException) as caught:  # (torch's CheckpointException is a BaseException)
         # torch's zip writer reports a full disk without an errno ("unexpected pos"): then the disk is asked
-        tmp = Path(f"{iteration_dir(run_dir, iteration)}.tmp")
+        tmp = partial_dir(run_dir, iteration)
         code = write_fault(caught) or (probe_fault(tmp if tmp.is_dir() else run_dir)
                                        if isinstance(caught, (OSError, RuntimeError, CheckpointException)) else None)
         if code is None and not isinstance(caught, CheckpointException):
@@ -265,44 +234,10 @@ def _on_every_rank(step, run_dir: Path, iteration: int) -> None:
         raise CheckpointError(f"checkpoint {iteration} could not be saved: another rank failed (see its error)")
     message = [None]
     if _rank() == 0:
-        message = [str(_save_failed(run_dir, iteration, int(codes.item())))]
+        message = [str(failed_save_error(run_dir, iteration, int(codes.item())))]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(message, src=0)
     raise CheckpointSaveError(message[0], int(codes.item())) from None
-
-
-def _save_failed(run_dir: Path, iteration: int, code: int) -> OutputError:
-    """Remove what a failed save left and describe it: space needed vs free, the newest complete checkpoint."""
-    tmp = Path(f"{iteration_dir(run_dir, iteration)}.tmp")
-    existed = tmp.is_dir()
-    written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if existed else 0
-    shutil.rmtree(tmp, ignore_errors=True)
-    with contextlib.suppress(OSError):  # a read-only directory keeps what it has
-        (run_dir / f"{LATEST}.tmp").unlink(missing_ok=True)
-    latest = latest_iteration(run_dir)
-    removed = (f"removed the partial {tmp.name}" if not tmp.exists() else f"could not remove {tmp}") if existed else ""
-    if latest is not None and latest != iteration:
-        try:
-            size = sum(f["bytes"] for f in json.loads((iteration_dir(run_dir, latest) / STATE).read_text())["files"]
-                       .values())
-            needed = f"about {human_bytes(size)}, the size of iteration {latest}'s checkpoint"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            needed = None
-        kept = f"{iteration_dir(run_dir, latest).name} is still the newest complete checkpoint"
-    else:
-        needed, kept = None, "no earlier checkpoint exists" if latest is None else ""
-    if needed is None and written:
-        needed = f"more than the {human_bytes(written)} written before the failure"
-    return output_error(code, iteration_dir(run_dir, iteration), what=f"checkpoint {iteration}", needed=needed,
-                        done=", ".join(x for x in (removed, kept) if x), elsewhere=MOVE_RUN,
-                        then=resume_hint(run_dir))
-
-
-def _prune(run_dir: Path, keep_last: int) -> None:
-    for stale in run_dir.glob("iter_*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for _, old in checkpoints(run_dir)[keep_last:]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _read(request: dict, path: Path) -> dict:

@@ -23,6 +23,7 @@ from pretrain.trainer.data import (DataError, DocumentSamples, SyntheticTokens, 
                                    step_batches, task_source)
 from pretrain.trainer.engine import Engine
 from pretrain.trainer.metrics import Metrics, config_summary
+from pretrain.trainer.run_lock import RunLock
 from pretrain.trainer.stragglers import StepTimes
 from pretrain.trainer.watchdog import Watchdog, set_aside_previous
 
@@ -65,7 +66,7 @@ def train(config: TrainConfig) -> int:
     stop = StopSignal()
     children.install_fork_hook()  # forked checkpoint writers and data workers die with this process
     distributed.initialize(config.parallel, config.seed)
-    lock = checkpoint.RunLock(config.run_dir)
+    lock = RunLock(config.run_dir)
     try:
         checkpoint.on_rank0(lock.acquire)  # before anything is written into the run directory
         return _train(config, stop)

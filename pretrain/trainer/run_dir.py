@@ -1,4 +1,15 @@
-"""What a run directory holds and may be trusted for: its lock, checkpoint verification, where to resume.
+"""What a run directory holds and may be trusted for: checkpoint verification, where to resume, and every file a
+checkpoint save writes there (the one owner of the directory's files; Megatron's state in them: checkpoint.py).
+
+Layout of a run directory (the lock: run_lock.py):
+
+    <save>/.lock                              POSIX lock held by rank 0 for a run's life (PID, host inside)
+    <save>/config.yaml                        resolved config of the run
+    <save>/latest_checkpointed_iteration.txt  a hint for Megatron tools; resume trusts the iter_* dirs
+    <save>/iter_0000100/                      dist_checkpointing files (model + optimizer),
+        rng/rank_00000.pt                     per-rank RNG states as plain tensors (weights_only loads)
+        train_state.json                      written last: iteration, consumed samples, scheduler,
+                                              layout, config, and "files": bytes + sha256 of every file
 
 A checkpoint directory iter_NNNNNNN is intact when its train_state.json (written last by
 `checkpoint.save`) parses and every file it lists has the recorded size (and, when asked,
@@ -9,17 +20,13 @@ is only a hint: resume takes the newest intact iter_* directory and says what it
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import socket
-import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -27,7 +34,7 @@ from typing import Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
-from pretrain.faults import WRITE_FAULTS, OutputError, naming_output
+from pretrain.faults import WRITE_FAULTS, OutputError, human_bytes, naming_output, output_error
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "train_state.json"
@@ -265,54 +272,6 @@ def read_train_state(checkpoint: str | Path) -> dict:
     return json.loads((resolve(checkpoint) / STATE).read_text())
 
 
-# ------------------------------------------------------------------------------ run lock
-
-
-class RunLock:
-    """Exclusive POSIX record lock on <run dir>/.lock, held by rank 0 for a training run's life.
-
-    The kernel releases it when the process dies, so a killed run never leaves a stale lock. A POSIX
-    lock (fcntl/lockf), not flock: a flock belongs to the open file, which forked children (Megatron's
-    checkpoint writers) inherit, so a writer outliving a killed trainer kept the run locked; a POSIX
-    lock belongs to the process and is not inherited. Its catch: closing *any* descriptor of the file
-    in the holding process drops it, so nothing else in a trainer opens `.lock`. Across nodes it needs
-    a file system with POSIX locks (NFS with lockd/NFSv4, Lustre mounted with -o flock)."""
-
-    def __init__(self, run_dir: str | Path) -> None:
-        self.path = Path(run_dir) / ".lock"
-        self._handle = None
-
-    def acquire(self) -> None:
-        """Take the lock, or raise CheckpointError naming the PID and host holding it."""
-        with run_output(self.path.parent, self.path, "run lock"):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
-        try:
-            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as busy:
-            if busy.errno not in (errno.EACCES, errno.EAGAIN):
-                handle.close()
-                raise
-            holder = handle.read().strip() or "a process that has not written its PID yet"
-            handle.close()
-            raise CheckpointError(f"run directory {self.path.parent} is in use by another training run ({holder}); "
-                                  "wait for it to finish, or pass --set checkpoint.save=<another run dir>") from None
-        self._handle = handle  # held (and released) even when the PID line below cannot be written
-        with run_output(self.path.parent, self.path, "run lock"):
-            handle.truncate(0)
-            handle.write(f"PID {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-            handle.flush()
-
-    def release(self) -> None:
-        """Drop the lock (the file stays: unlinking it would race with a run about to lock it)."""
-        if self._handle is not None:
-            handle, self._handle = self._handle, None
-            try:
-                handle.close()
-            except OSError:  # the PID line's flush on a full disk; the kernel drops the lock anyway
-                pass
-
-
 def on_rank0(function: Callable[[], T]) -> T:
     """Collective: run `function` on rank 0 alone; every rank returns its result or raises its CheckpointError
     (an OutputError of rank 0 becomes a CheckpointError with the same message)."""
@@ -327,3 +286,81 @@ def on_rank0(function: Callable[[], T]) -> T:
     if outcome[1] is not None:
         raise CheckpointError(outcome[1])
     return outcome[0]
+
+
+# ------------------------------------------------------------------------------ writing a checkpoint's files
+
+
+def partial_dir(run_dir: Path, iteration: int) -> Path:
+    """Where checkpoint `iteration` is written before its commit (a crash leaves only this behind)."""
+    return Path(f"{iteration_dir(run_dir, iteration)}.tmp")
+
+
+def start_partial(run_dir: Path, iteration: int, *, make_run_dir: bool) -> None:
+    """An empty partial directory for checkpoint `iteration` (what an earlier crash left there is removed)."""
+    tmp = partial_dir(run_dir, iteration)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=make_run_dir)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def commit_checkpoint(run_dir: Path, iteration: int, record: dict, keep_last: int) -> None:
+    """Write train_state.json into the partial directory, rename it to iter_N (the commit point: an iter_*
+    directory is complete by construction), update the LATEST hint and keep the newest `keep_last`."""
+    tmp = partial_dir(run_dir, iteration)
+    _write_durably(tmp / STATE, json.dumps(record, indent=1, default=str))
+    os.replace(tmp, iteration_dir(run_dir, iteration))
+    _fsync_dir(run_dir)
+    marker_tmp = run_dir / f"{LATEST}.tmp"
+    _write_durably(marker_tmp, str(iteration))
+    os.replace(marker_tmp, run_dir / LATEST)
+    _fsync_dir(run_dir)
+    _prune(run_dir, keep_last)
+
+
+def failed_save_error(run_dir: Path, iteration: int, code: int) -> OutputError:
+    """Remove what a failed save left and describe it: space needed vs free, the newest complete checkpoint."""
+    tmp = partial_dir(run_dir, iteration)
+    existed = tmp.is_dir()
+    written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if existed else 0
+    shutil.rmtree(tmp, ignore_errors=True)
+    with suppress(OSError):  # a read-only directory keeps what it has
+        (run_dir / f"{LATEST}.tmp").unlink(missing_ok=True)
+    latest = latest_iteration(run_dir)
+    removed = (f"removed the partial {tmp.name}" if not tmp.exists() else f"could not remove {tmp}") if existed else ""
+    if latest is not None and latest != iteration:
+        try:
+            size = sum(f["bytes"] for f in json.loads((iteration_dir(run_dir, latest) / STATE).read_text())["files"]
+                       .values())
+            needed = f"about {human_bytes(size)}, the size of iteration {latest}'s checkpoint"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            needed = None
+        kept = f"{iteration_dir(run_dir, latest).name} is still the newest complete checkpoint"
+    else:
+        needed, kept = None, "no earlier checkpoint exists" if latest is None else ""
+    if needed is None and written:
+        needed = f"more than the {human_bytes(written)} written before the failure"
+    return output_error(code, iteration_dir(run_dir, iteration), what=f"checkpoint {iteration}", needed=needed,
+                        done=", ".join(x for x in (removed, kept) if x), elsewhere=MOVE_RUN,
+                        then=resume_hint(run_dir))
+
+
+def _prune(run_dir: Path, keep_last: int) -> None:
+    for stale in run_dir.glob("iter_*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for _, old in checkpoints(run_dir)[keep_last:]:
+        shutil.rmtree(old, ignore_errors=True)
