@@ -121,6 +121,8 @@ def test_the_killed_run_is_failed_and_missing_from_the_report_while_the_other_fi
     assert re.search(rf"^tiny_posaug_seed42 +(failed|stopped) +{story['killed']} +\d+/300 +[\d.]+ +no$", status, re.M)
     assert "**Missing** (not trained or not evaluated yet; rerun the same command to resubmit): posaug seed 42." \
         in story["report_after_kill"]
+    killed_log = (story["out"] / "logs" / f"train-tiny_posaug-{story['killed']}.out").read_text()
+    assert "was cancelled (scancel): not requeueing" in killed_log, killed_log[-3000:]  # the person's scancel stands
     assert re.search(r"^\| baseline \| 1 \|", story["report_after_kill"], re.M)
 
 
@@ -133,7 +135,11 @@ def test_the_resubmitted_run_resumes_from_its_checkpoint(story):
     task = json.loads((story["out"] / "grid.json").read_text())["jobs"]["train"]["tiny_posaug_seed42"]
     assert task != story["killed"]
     log = (story["out"] / "logs" / f"train-tiny_posaug-{task}.out").read_text()
-    assert re.search(r"\n0: resumed from iteration (50|100|150|200|250) ", log), log[-3000:]
+    # scancel's SIGTERM reaches the trainer, which saves where it stopped; else the newest periodic save counts
+    killed_log = (story["out"] / "logs" / f"train-tiny_posaug-{story['killed']}.out").read_text()
+    stop_save = re.search(r"\n0: received SIGTERM: saved iteration (\d+),", killed_log)
+    expected = stop_save.group(1) if stop_save else "(50|100|150|200|250)"
+    assert re.search(rf"\n0: resumed from iteration {expected} ", log), log[-3000:]
     assert "\n0: step 300/300 |" in log
 
 
