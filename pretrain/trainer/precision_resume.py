@@ -6,7 +6,8 @@ Both precisions checkpoint the same tensors under the same keys except for two t
   (`optimizer.state.exp_avg.<key>` ...) have the same keys in both, so the load request is only reshaped to the
   structure the checkpoint was saved with (its param groups and step live in common.pt under that structure).
 - The fp32 values of the weights live under `optimizer.state.fp32_param.<key>` in a bf16 checkpoint (the main
-  params; every distributed-optimizer checkpoint holds them too) and under `<key>` in a plain fp32 one. A
+  params; `optimizer.state.param.<key>` in every distributed-optimizer checkpoint) and under `<key>` in a plain
+  fp32 one. A
   bf16 -> fp32 resume takes its weights from the fp32 main params, not from the bf16-rounded copies; an
   fp32 -> bf16 resume of the plain mixed-precision optimizer takes its main params from the fp32 weights.
 So the resumed run continues from exactly the fp32 values the saved run was optimising.
@@ -21,7 +22,9 @@ import torch
 
 from pretrain.trainer.run_dir import CheckpointError
 
-MAIN_PARAM_PREFIX = "optimizer.state.fp32_param"  # Megatron's key prefix of fp32 main params (both optimizers)
+# Megatron's key prefix of the fp32 main params: the mixed-precision optimizer's, and the distributed optimizer's in
+# its fully-reshardable format (which saves them for fp32 params too)
+MAIN_PARAM_PREFIX = {False: "optimizer.state.fp32_param", True: "optimizer.state.param"}
 
 
 def saved_bf16(record: dict) -> bool:
@@ -74,7 +77,8 @@ def load_weights(engine, record: dict, read: Callable[[dict], dict]) -> None:
     model_state = engine.sharded_state_dict()
     if saved_bf16(record):
         targets = [p for chunk in engine.chunks for p in chunk.module.parameters()]
-        key = lambda sharded: f"{MAIN_PARAM_PREFIX}.{sharded.key}"  # noqa: E731
+        prefix = MAIN_PARAM_PREFIX[engine.parallel.use_distributed_optimizer]
+        key = lambda sharded: f"{prefix}.{sharded.key}"  # noqa: E731
     elif _plain(engine):
         optimizer = getattr(engine.optimizer, "chained_optimizers", [engine.optimizer])[0]
         params = [p for group in optimizer.float16_groups for p in group]

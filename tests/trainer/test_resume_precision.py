@@ -1,6 +1,7 @@
 """A run resumes in the other parameter dtype (model.bf16 true <-> false) from the fp32 values its checkpoint holds:
 a bf16 checkpoint's fp32 main params become an fp32 run's weights, an fp32 checkpoint's weights a bf16 run's main
-params (Megatron's mixed-precision optimizer), and the loss curve continues. Issue 45."""
+params (Megatron's mixed-precision optimizer), with the distributed optimizer too, and the loss curve continues.
+Issue 45."""
 
 import shutil
 
@@ -96,3 +97,16 @@ def test_a_resume_in_the_other_precision_continues_the_loss_curve(runs, tmp_path
     for step in (3, 4):
         assert got[step] == pytest.approx(expected[step], abs=LOSS_TOLERANCE), step
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]["bf16"] is (not saved_bf16)
+
+
+def test_a_distributed_optimizer_bf16_checkpoint_resumes_as_fp32_at_dp2(tmp_path):
+    # the distributed optimizer keeps its fp32 main params under optimizer.state.param.<key>, for both dtypes
+    saved, resumed_dir = tmp_path / "bf16", tmp_path / "fp32"
+    dist = [*RUN, "parallel.use_distributed_optimizer=true"]
+    run_train([*dist, "model.bf16=true", f"checkpoint.save={saved}"], nproc=2)
+    shutil.copytree(saved / "iter_0000002", resumed_dir / "iter_0000002")
+    resumed = run_train([*dist, "model.bf16=false", f"checkpoint.save={resumed_dir}"], nproc=2)
+    assert "resumed from iteration 2" in resumed.stdout
+    expected, got = tensorboard_scalars(saved, "train/loss"), tensorboard_scalars(resumed_dir, "train/loss")
+    for step in (3, 4):
+        assert got[step] == pytest.approx(expected[step], abs=LOSS_TOLERANCE), step
