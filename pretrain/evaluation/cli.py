@@ -10,7 +10,7 @@ from pathlib import Path
 from pretrain.faults import OutputError, check_writable
 from data_prep.overlap import check_apart
 
-from . import downstream, report
+from . import downstream, memory, report
 from .arguments import default_device, eval_parser
 from .data import TokenStream, load_stream
 from .record import evaluate
@@ -53,6 +53,9 @@ def _run_manifest(scorer: Scorer):
 
 
 def _run(args) -> int:
+    # before any weight is read: a length that cannot fit fails in seconds, not after growing past memory
+    memory.check_fits(args.model, args.lengths or [], args.num_spans, args.batch_size, args.max_batch_tokens,
+                      args.backend, args.device)
     scorer = load_scorer(args.model, backend=args.backend, train_window=args.train_window,
                          rope_scaling=args.rope_scaling, factor=args.factor, name=args.name, device=args.device)
     if not (args.lengths or args.context_gain or args.passkey_lengths or args.ruler_lengths):

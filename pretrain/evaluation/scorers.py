@@ -42,7 +42,7 @@ from pretrain.evaluation.hf_rope import hf_rope, rotary_modules
 
 log = logging.getLogger(__name__)
 
-HEAD_CHUNK = 1024  # positions per LM-head call (bounds the [chunk, V] logits buffer)
+from pretrain.evaluation.memory import HEAD_CHUNK  # noqa: E402  (positions per LM-head call; the estimate uses it)
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.faults import probe_fault, write_fault
-from pretrain.trainer import children
+from pretrain.trainer import children, precision_resume
 from pretrain.trainer.run_dir import (LATEST, MOVE_RUN, STATE, CheckpointError,  # noqa: F401 (re-exported)
                                       DamagedCheckpointError, Resume, any_rank, checkpoints,
                                       commit_checkpoint, failed_save_error, file_record, iteration_dir,
@@ -265,8 +265,9 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
                 f"{path} was saved with parallel.use_distributed_optimizer={str(saved_with).lower()}; resume with the "
                 "same setting, or start a new run from its weights with checkpoint.load=<that checkpoint>")
         engine.prepare_optimizer_load()
-        request["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=True,
-                                                                   metadata=_optimizer_metadata(engine))
+        request["optimizer"] = precision_resume.optimizer_request(
+            engine, engine.optimizer.sharded_state_dict(model_state, is_loading=True,
+                                                        metadata=_optimizer_metadata(engine)), record)
     loaded = _read(request, path)
     engine.load_state_dict(loaded["model"])
     if not load_optimizer:
@@ -274,12 +275,13 @@ def load(checkpoint: str | Path, engine, *, load_optimizer: bool = True) -> dict
         # without this the first step would write the build-time weights back over the loaded ones.
         engine.optimizer.reload_model_params()
     else:
-        engine.load_optimizer_state(loaded["optimizer"])
+        engine.load_optimizer_state(precision_resume.loaded_optimizer_state(engine, loaded["optimizer"], record))
         engine.scheduler.load_state_dict(record["scheduler"])
         rng_file = path / "rng" / f"rank_{_rank():05d}.pt"
         # RNG streams are per rank: only meaningful when the layout is the one that saved them.
         if record.get("layout") == _layout() and rng_file.is_file():
             _restore_rng(rng_file)
+    precision_resume.load_weights(engine, record, lambda request: _read(request, path))
     return record
 
 

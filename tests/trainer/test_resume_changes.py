@@ -20,7 +20,7 @@ def run_with_checkpoint(tmp_path, *overrides):
 
 
 @pytest.mark.parametrize("change", ["model.hidden_dropout=0.1", "model.attention_dropout=0.1",
-                                    "model.init_method_std=0.01"])
+                                    "model.init_method_std=0.01", "model.bf16=true"])
 def test_a_change_that_shapes_no_checkpointed_tensor_is_accepted(tmp_path, change):
     check_model_unchanged(run_with_checkpoint(tmp_path, change))
 

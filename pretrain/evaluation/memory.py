@@ -1,0 +1,158 @@
+"""Eval's peak memory, estimated from the model's config before any weight is read, and the refusal of what won't fit.
+
+The estimate follows what `eval run --lengths` holds at its peak (fp32 throughout, no autograd):
+- the weights: a Megatron checkpoint is loaded and then converted to an HF Llama for the default backend, and
+  both copies are alive while it scores (pretrain/evaluation/scorers.load_scorer);
+- one decoder layer's activations over every position of the batch (the layers run one after another and
+  keep nothing), the larger of the attention phase and the SwiGLU MLP phase, plus the residual stream;
+- the LM head's logits over HEAD_CHUNK positions (scorers.HEAD_CHUNK) with cross-entropy's log-softmax copy;
+- for the Megatron backend instead: the local attention's L x L scores and probabilities per head, and the
+  whole [b, L, V] logits (Megatron fuses the head into forward).
+benchmarks/README.md ("Eval peak memory: estimate vs measured") records measured / estimated on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+FLOAT = 4  # bytes: evaluation runs in float32
+TOKEN = 8  # bytes: int64 token ids
+# What the terms below leave out, from CPU measurements (benchmarks/README.md, "Eval peak memory: estimate vs
+# measured", tiny model at 16k-98k tokens): the activation terms as derived account for ~0.71 of the measured
+# growth per token (the rest: elementwise temporaries, RMSNorm's float copies, allocator slack), and the growth
+# has a ~100 MiB intercept (libraries initialised while the model loads, the evaluation stream read into memory).
+ACTIVATION_MARGIN = 1.4
+RUNTIME_ALLOWANCE = 128 * 2**20
+HEAD_CHUNK = 1024  # positions per LM-head call in scorers.Scorer.token_losses (bounds the [chunk, V] logits)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a RoPE decoder that decide eval's memory."""
+
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    megatron_checkpoint: bool
+
+    @property
+    def parameters(self) -> int:
+        """Weights of the model (embedding, output layer when untied, attention, SwiGLU MLP, norms)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        layer = self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.ffn + 2 * self.hidden
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.layers * layer + self.hidden
+
+
+def model_shape(source: str | Path) -> Shape | None:
+    """The Shape recorded by a Megatron run (train_state.json / config.yaml) or an HF config.json; None if unknown."""
+    path = Path(source)
+    try:
+        from pretrain.trainer.run_dir import read_train_state
+
+        model = read_train_state(path)["config"]["model"]
+        heads = model["num_attention_heads"]
+        return Shape(layers=model["num_layers"], hidden=model["hidden_size"], ffn=model["ffn_hidden_size"],
+                     heads=heads, kv_heads=model.get("num_query_groups") or heads,
+                     head_dim=model.get("kv_channels") or model["hidden_size"] // heads, vocab=model["vocab_size"],
+                     tied=not model.get("untie_embeddings_and_output_weights", False), megatron_checkpoint=True)
+    except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        hf = json.loads((path / "config.json").read_text())
+        heads = hf["num_attention_heads"]
+        return Shape(layers=hf["num_hidden_layers"], hidden=hf["hidden_size"], ffn=hf["intermediate_size"],
+                     heads=heads, kv_heads=hf.get("num_key_value_heads") or heads,
+                     head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, vocab=hf["vocab_size"],
+                     tied=bool(hf.get("tie_word_embeddings", False)), megatron_checkpoint=False)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not a model eval can read: load_scorer names the problem
+
+
+def peak_bytes(shape: Shape, length: int, batch: int, num_spans: int, backend: str = "hf") -> int:
+    """Estimated peak bytes of scoring `num_spans` spans of `length` tokens, `batch` spans per forward pass."""
+    copies = 2 if shape.megatron_checkpoint and backend == "hf" else 1
+    weights = copies * shape.parameters * FLOAT
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    # normed input (+ its float copy), q/k/v, RoPE's rotated q/k and their temporaries, k/v repeated to the query
+    # heads (GQA), attention output
+    attention = 2 * shape.hidden + 7 * q + 3 * kv
+    mlp = 2 * shape.hidden + 4 * shape.ffn  # normed input, gate, up, silu(gate), their product
+    per_token = FLOAT * ACTIVATION_MARGIN * (shape.hidden + max(attention, mlp) + 4 * shape.head_dim)  # residual,
+    # the larger phase, RoPE's angle, cos and sin tables
+    tokens = batch * length
+    if backend == "megatron":
+        scores = 2 * batch * shape.heads * length * length * FLOAT  # local attention: scores and probabilities
+        logits = 2 * tokens * shape.vocab * FLOAT
+    else:
+        scores = 0
+        logits = 2 * batch * min(length, HEAD_CHUNK) * shape.vocab * FLOAT
+    spans_and_losses = num_spans * (length + 1) * (TOKEN + FLOAT)
+    return int(weights + tokens * per_token + scores + logits + spans_and_losses + RUNTIME_ALLOWANCE)
+
+
+def available_bytes(device: str) -> int:
+    """Memory eval may use: the GPU's free memory on CUDA, else MemAvailable (and a cgroup's limit, if lower)."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    free = None
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            free = min(free if free is not None else int(limit), int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return free if free is not None else 2**63
+
+
+def largest_length(shape: Shape, num_spans: int, batch_size: int | None, max_batch_tokens: int, backend: str,
+                   budget: int) -> int:
+    """The longest --lengths value whose estimate fits `budget` (0 when not even 2 tokens fit)."""
+    low, high = 1, 2
+    while peak_bytes(shape, high, _batch(high, num_spans, batch_size, max_batch_tokens), num_spans, backend) <= budget:
+        low, high = high, high * 2
+        if high > 2**40:
+            return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        fits = peak_bytes(shape, middle, _batch(middle, num_spans, batch_size, max_batch_tokens), num_spans,
+                          backend) <= budget
+        low, high = (middle, high) if fits else (low, middle)
+    return low if low >= 2 else 0
+
+
+def _batch(length: int, num_spans: int, batch_size: int | None, max_batch_tokens: int) -> int:
+    # metrics.auto_batch_size's rule, capped by the spans there are
+    return min(num_spans, batch_size or max(1, max_batch_tokens // max(1, length)))
+
+
+def check_fits(source: str | Path, lengths: list[int], num_spans: int, batch_size: int | None,
+               max_batch_tokens: int, backend: str, device: str) -> None:
+    """ValueError (one line) naming --lengths and the largest length that fits, when an estimate exceeds memory."""
+    shape = model_shape(source)
+    if shape is None or not lengths:
+        return
+    budget = available_bytes(device)
+    for length in sorted(set(lengths), reverse=True):
+        batch = _batch(length, num_spans, batch_size, max_batch_tokens)
+        need = peak_bytes(shape, length, batch, num_spans, backend)
+        if need > budget:
+            fits = largest_length(shape, num_spans, batch_size, max_batch_tokens, backend, budget)
+            where = "GPU memory free" if str(device).startswith("cuda") else "memory available"
+            raise ValueError(f"--lengths {length} needs about {need / 2**30:.1f} GiB ({batch} span(s) of {length} "
+                             f"tokens per forward pass, {backend} backend) but {budget / 2**30:.1f} GiB is "
+                             f"{where}; the largest length that fits is about {fits} (lower --lengths, "
+                             "or --num-spans / --batch-size)")
