@@ -53,7 +53,7 @@ def prepare_data(out: Path, preset: Preset, corpus: str | None) -> str:
             raise RuntimeError("train-tokenizer failed")
     # data_prep resumes by itself: complete shards are verified and kept
     _log("tokenising into Megatron shards")
-    if data_prep(["build", "--input", corpus, "--tokenizer", str(tokenizer), "--output-prefix", prefix,
+    if data_prep(["build", "--input", corpus, "--tokenizer", str(tokenizer), "--data-prefix", prefix,
                   "--valid-fraction", str(preset.valid_fraction), "--no-progress"]):
         raise RuntimeError("data_prep build failed")
     manifest = load_manifest(prefix)

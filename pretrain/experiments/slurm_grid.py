@@ -72,7 +72,7 @@ def make_spec(args: argparse.Namespace) -> Spec:
     out = Path(args.output).resolve()
     if args.preset == PAPER:
         if not args.data_prefix:
-            raise ValueError("--preset paper needs --data-prefix: the data_prep --output-prefix of the shards "
+            raise ValueError("--preset paper needs --data-prefix: the data_prep --data-prefix of the shards "
                              "(with --corpus and --tokenizer when they still have to be built)")
         prefix = str(Path(args.data_prefix).resolve())
         if not shards_ready(prefix) and not (args.corpus and args.tokenizer) and not args.dry_run:
@@ -114,7 +114,7 @@ def parser() -> Parser:
     p.add_argument("--budget", choices=("table1", "chinchilla"), help="token budget of every run (paper preset): "
                    "table1 = the paper's Table 1 tokens, chinchilla = 20 tokens per parameter (default: table1, "
                    "the shipped configs')")
-    p.add_argument("--data-prefix", help="paper: data_prep --output-prefix of the shards")
+    p.add_argument("--data-prefix", help="paper: the shards' prefix, as given to data_prep build --data-prefix")
     p.add_argument("--corpus", help="paper: corpus for the data_prep job (when the shards are missing); CPU "
                    "presets: a corpus instead of the embedded one")
     p.add_argument("--tokenizer", help="paper: tokenizer for the data_prep job")

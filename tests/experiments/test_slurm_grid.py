@@ -61,7 +61,7 @@ def test_paper_dry_run_submits_data_then_one_array_per_size_and_method_one_eval_
     runs = len(TABLE1_SIZES) * len(SHIPPED_METHODS)
     assert len(commands) == 1 + runs + runs * len(PAPER_SEEDS) + 1
     assert f"# dry run: {len(commands)} sbatch command(s), nothing submitted" in stdout
-    assert "slurm/data_prep.sh" in commands["DATA"] and f"OUTPUT_PREFIX={root / 'shards' / 'owt'}" in commands["DATA"]
+    assert "slurm/data_prep.sh" in commands["DATA"] and f"DATA_PREFIX={root / 'shards' / 'owt'}" in commands["DATA"]
     for size in TABLE1_SIZES:
         for method in SHIPPED_METHODS:
             train = commands[f"TRAIN_{size}_{method}".upper()]

@@ -92,7 +92,7 @@ def data(tmp_path_factory):
     data_prep("embedded-corpus", "--output", str(root / "corpus"), "--max-bytes", "200000")
     data_prep("train-tokenizer", "--input", str(root / "corpus"), "--output", str(root / "tok"),
               "--kind", "sentencepiece-bpe", "--vocab-size", "512")
-    data_prep("build", *BUILD_ARGS(root), "--output-prefix", str(root / "local" / "c"), "--workers", "1")
+    data_prep("build", *BUILD_ARGS(root), "--data-prefix", str(root / "local" / "c"), "--workers", "1")
     return root
 
 
@@ -172,7 +172,7 @@ def test_data_prep_batch_script_with_two_mpi_ranks_writes_the_local_runs_shards(
     extra = " ".join(args[args.index("--chunk-bytes"):])  # everything but input, tokenizer, shards
     code, log = sbatch_wait(SLURM / "data_prep.sh", ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1"],
                             tmp_path, 300, INPUT=str(data / "corpus"), TOKENIZER=str(data / "tok"),
-                            OUTPUT_PREFIX=str(tmp_path / "slurm" / "c"), NUM_SHARDS="3", WORKERS="1",
+                            DATA_PREFIX=str(tmp_path / "slurm" / "c"), NUM_SHARDS="3", WORKERS="1",
                             DATA_PREP_ARGS=extra)
     assert code == 0, log[-5000:]
     assert "x 2 rank(s)" in log

@@ -143,15 +143,21 @@ def test_launcher_finds_the_project_from_another_directory(tmp_path):
 
 def test_data_prep_dry_run_prints_an_srun_pmix_command():
     result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], INPUT="/data/a /data/b.jsonl",
-                 TOKENIZER="/data/tok", OUTPUT_PREFIX="/data/shards/owt", NUM_SHARDS="16")
+                 TOKENIZER="/data/tok", DATA_PREFIX="/data/shards/owt", NUM_SHARDS="16")
     assert result.returncode == 0, result.stderr
     command = command_line(result.stdout)
     assert "srun --nodes=2 --ntasks=8 --cpus-per-task=8 --mpi=pmix" in command
-    assert ("-m data_prep build --tokenizer /data/tok --output-prefix /data/shards/owt --workers 8 --mpi "
+    assert ("-m data_prep build --tokenizer /data/tok --data-prefix /data/shards/owt --workers 8 --mpi "
             "--no-progress --input /data/a --input /data/b.jsonl --num-shards 16") in command
 
 
 def test_data_prep_requires_its_inputs():
-    result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], TOKENIZER="/t", OUTPUT_PREFIX="/o/p")
+    result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], TOKENIZER="/t", DATA_PREFIX="/o/p")
     assert result.returncode != 0
     assert "set INPUT" in result.stderr
+
+
+def test_data_prep_refuses_the_old_output_prefix_naming_data_prefix():
+    result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], INPUT="/i", TOKENIZER="/t", OUTPUT_PREFIX="/o/p")
+    assert result.returncode == 2
+    assert result.stderr == "OUTPUT_PREFIX is now DATA_PREFIX (the training launchers' name): DATA_PREFIX=/o/p\n"
