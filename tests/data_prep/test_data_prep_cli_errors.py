@@ -104,3 +104,18 @@ def test_txt_input_with_only_invalid_utf8_suggests_the_text_file_fixes(tok_path,
     line = the_error_line(build_cli([src], tok_path, tmp_path / "o" / "c"))
     assert "invalid_utf8: 1" in line and "latin1.txt" in line and "--invalid-utf8 replace" in line
     assert "--jsonl-key" not in line
+
+
+def test_build_without_a_data_prefix_names_the_flag(tok_path, tmp_path):
+    src = write_jsonl(str(tmp_path / "d.jsonl"), ["hello"])
+    line = the_error_line(run_cli(["build", "--tokenizer", tok_path, "--input", src]))
+    assert line.endswith("error: the following arguments are required: --data-prefix")
+
+
+def test_the_old_output_prefix_still_builds_and_warns_with_the_new_name(tok_path, tmp_path):
+    src = write_jsonl(str(tmp_path / "d.jsonl"), make_docs(20))
+    proc = run_cli(["build", "--tokenizer", tok_path, "--input", src, "--output-prefix", str(tmp_path / "o" / "c"),
+                    "--valid-docs", "1", "--no-progress"], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "data_prep: warning: --output-prefix is deprecated: write --data-prefix (the same value)" in proc.stderr
+    assert (tmp_path / "o" / "c_manifest.json").is_file()
