@@ -295,13 +295,16 @@ _preflight=$(cd "$POSAUG_ROOT" && WORLD_SIZE=$WORLD_SIZE "$PYTHON" -m pretrain t
              --set "${_PREFLIGHT_SETS[@]}" 2>&1)
 _preflight_rc=$?
 set -e
-if [ "$_preflight_rc" != 0 ]; then
-    _reason=$(printf '%s\n' "$_preflight" | grep -v '^\s*$' | tail -n1)
-    if [ "$DRY_RUN" = 1 ]; then
-        _log "REFUSED (a submission would stop here, nothing queued): ${_reason}"
-    else
-        _die "refused before $( [ "$SUBMIT" = 1 ] && echo "submitting (nothing queued)" || echo "building the model"): ${_reason}"
-    fi
+_reason=$(printf '%s\n' "$_preflight" | grep -v '^\s*$' | tail -n1)
+if [ "$_preflight_rc" = 2 ]; then
+    # exit 2 is the check's refusal (config, data, tokenizer, layout). A dry run (settings, plan and command
+    # printed above) refuses as the submission would: one line, exit 2.
+    _die "refused before $( [ "$DRY_RUN" = 1 ] && echo "submitting (dry run, nothing queued)" \
+        || { [ "$SUBMIT" = 1 ] && echo "submitting (nothing queued)" || echo "building the model"; }): ${_reason}"
+elif [ "$_preflight_rc" != 0 ]; then
+    # the check could not run here (e.g. a login node whose python has no torch, the container's has): as for
+    # the plan, a warning; the trainer validates the same config when it starts
+    _log "WARNING: could not run the pre-flight check ($PYTHON -m pretrain train --check exited $_preflight_rc: ${_reason}); continuing without it"
 else
     _log "pre-flight: ${_preflight##*$'\n'}"
 fi

@@ -40,6 +40,14 @@ def _split(values: list[str] | None) -> list[str]:
     return [v for item in values or [] for v in item.replace(",", " ").split()]
 
 
+def data_refusal(prefix: str, corpus: str | None, tokenizer: str | None) -> str | None:
+    """Why a paper grid cannot be submitted with these data arguments (one line), or None when it can."""
+    if shards_ready(prefix) or (corpus and tokenizer):
+        return None
+    return (f"no shards at --data-prefix {prefix} (no manifest): pass --corpus and --tokenizer to build them in a "
+            "data_prep job first, or the prefix of existing shards")
+
+
 def make_spec(args: argparse.Namespace) -> Spec:
     """The grid the arguments ask for; ValueError (one line naming the flag) when they cannot make one."""
     from pretrain.plan.hardware import GPUS
@@ -75,9 +83,9 @@ def make_spec(args: argparse.Namespace) -> Spec:
             raise ValueError("--preset paper needs --data-prefix: the data_prep --data-prefix of the shards "
                              "(with --corpus and --tokenizer when they still have to be built)")
         prefix = str(Path(args.data_prefix).resolve())
-        if not shards_ready(prefix) and not (args.corpus and args.tokenizer) and not args.dry_run:
-            raise ValueError(f"no shards at --data-prefix {prefix} (no manifest): pass --corpus and --tokenizer "
-                             "to build them in a data_prep job first, or the prefix of existing shards")
+        refusal = data_refusal(prefix, args.corpus, args.tokenizer)
+        if refusal and not args.dry_run:  # a dry run plans first, then refuses the same way (main)
+            raise ValueError(refusal)
     else:
         if args.data_prefix or args.tokenizer:
             raise ValueError(f"--preset {args.preset} builds its own data under --output (its tokenizer too): "
@@ -120,7 +128,8 @@ def parser() -> Parser:
     p.add_argument("--tokenizer", help="paper: tokenizer for the data_prep job")
     p.add_argument("--sbatch", help="extra sbatch options for every job, e.g. \"--partition=gpu --account=x\"")
     p.add_argument("--dry-run", action="store_true", help="print the plan and every sbatch command; submit nothing "
-                   "(plans also before the shards at --data-prefix exist)")
+                   "(also before the shards at --data-prefix exist; then it ends with the submission's refusal, "
+                   "exit 2)")
     p.add_argument("--status", action="store_true", help="show the grid in --output: every run's state, job, step, "
                    "last loss, evaluation, and the report")
     p.add_argument("--slurm-stage", choices=("data", "eval", "report"), help=argparse.SUPPRESS)
@@ -159,9 +168,6 @@ def main(argv: list[str]) -> int:
         spec = make_spec(args)
         text, refusals = plan_grid(spec)
         print(text, flush=True)
-        if not spec.cpu and not shards_ready(spec.data_prefix) and not (spec.corpus and spec.tokenizer):
-            print(f"# note: no shards at {spec.data_prefix} yet: a submission needs them there, or --corpus and "
-                  "--tokenizer to build them in a data_prep job first", flush=True)
         if refusals:
             more = f" (and {len(refusals) - 1} more run(s) of the grid)" if len(refusals) > 1 else ""
             print(f"error: the grid does not fit, nothing was submitted: {refusals[0]}{more}", file=sys.stderr)
@@ -169,7 +175,12 @@ def main(argv: list[str]) -> int:
         commands, state = submit(spec, args.dry_run)
         if args.dry_run:
             print(f"# dry run: {len(commands)} sbatch command(s), nothing submitted\nset -e")
-            print("\n".join(commands))
+            print("\n".join(commands), flush=True)
+            # the submission's own refusal, after the plan and commands it would have shown: exit 2 as it does
+            refusal = None if spec.cpu else data_refusal(spec.data_prefix, spec.corpus, spec.tokenizer)
+            if refusal:
+                print(f"error: {refusal}", file=sys.stderr)
+                return 2
             return 0
         if not commands:
             _log(f"nothing to submit: every run is finished and evaluated; report: {Path(spec.out) / 'report.md'}")

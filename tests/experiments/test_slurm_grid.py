@@ -136,12 +136,15 @@ def test_a_seed_given_as_a_count_is_refused_with_the_num_seeds_hint(tmp_path, ca
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_dry_run_plans_before_the_shards_exist_and_says_so(tmp_path):
+def test_a_dry_run_before_the_shards_exist_plans_then_refuses_as_the_submission_does(tmp_path):
     proc = reproduce("--dry-run", "--sizes", "10m", "--methods", "posaug", "--num-seeds", "1", "--output",
                      str(tmp_path / "grid"), "--data-prefix", str(tmp_path / "owt"), timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert re.search(r"^10m_posaug ", proc.stdout, re.M)
-    assert f"# note: no shards at {tmp_path / 'owt'} yet" in proc.stdout
+    assert re.search(r"^10m_posaug ", proc.stdout, re.M)  # the plan and the commands come first
+    assert "# dry run: " in proc.stdout and "nothing submitted" in proc.stdout
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr == (f"error: no shards at --data-prefix {tmp_path / 'owt'} (no manifest): pass --corpus and "
+                           "--tokenizer to build them in a data_prep job first, or the prefix of existing shards\n")
+    assert not (tmp_path / "grid").exists()
 
 
 def test_status_of_a_grid_never_submitted_says_how_to_submit_it(tmp_path, capsys):

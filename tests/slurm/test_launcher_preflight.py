@@ -91,12 +91,17 @@ def test_submit_path_refuses_a_config_that_does_not_fit(cluster, tiny_shards):
     assert "DOES NOT FIT" in proc.stdout and "the plan refuses this run" in proc.stderr
 
 
-def test_the_dry_run_shows_the_submit_paths_refusal(tmp_path):
+def test_the_dry_run_prints_the_command_then_refuses_as_the_submit_path_does(tmp_path):
     (tmp_path / "shards").mkdir()
     proc = subprocess.run(["bash", str(SLURM / "pretrain_10m_posaug.sh"), "--dry-run"], capture_output=True,
                           text=True, timeout=300, env=job_env(DATA_PREFIX=str(tmp_path / "shards" / "owt")))
-    assert "REFUSED (a submission would stop here, nothing queued)" in proc.stdout
-    assert f"no manifest for '{tmp_path / 'shards' / 'owt'}'" in proc.stdout
+    assert "[posaug-slurm] command: srun " in proc.stdout
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "refused before submitting (dry run, nothing queued)" in lines[0]
+    assert f"no manifest for '{tmp_path / 'shards' / 'owt'}'" in lines[0]
+    assert "data_prep build --data-prefix" in lines[0]
 
 
 def test_plain_sbatch_without_data_ends_with_the_refusal_before_building_the_model(cluster, tmp_path):

@@ -186,7 +186,8 @@ def test_data_prep_batch_script_with_two_mpi_ranks_writes_the_local_runs_shards(
 def test_job_array_runs_one_task_per_seed(cluster, tmp_path):
     code, _ = sbatch_wait(SLURM / "pretrain_10m_rfs.sh",
                           ["--array=0-2", "--gpus-per-node=0", "--ntasks-per-node=1", "--cpus-per-task=1",
-                           "--time=10", f"--output={tmp_path}/array-%A_%a.out"], tmp_path, 240, DRY_RUN="1")
+                           "--time=10", f"--output={tmp_path}/array-%A_%a.out"], tmp_path, 240, DRY_RUN="1",
+                          SYNTHETIC_DATA="1")  # without data the dry run ends with the pre-flight refusal
     # --time=10: above the launcher's 300 s USR1 lead, which would stop the dry run's pre-flight check
     assert code == 0
     seeds = {}
