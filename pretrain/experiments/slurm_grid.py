@@ -30,7 +30,7 @@ from pretrain.experiments.grid_plan import (GRID_FILE, PAPER, PAPER_SEEDS, PRESE
 from pretrain.experiments.grid_status import stage_data, stage_eval, stage_report, status
 from pretrain.experiments.grid_submit import Slurm, submit
 from pretrain.cli import Parser, add_seeds, add_set, seeds_of
-from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
+from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES, former_name_hint
 
 __all__ = ["PAPER_SEEDS", "Spec", "main", "make_spec", "parse_run_name", "parser", "run_name"]
 
@@ -65,7 +65,8 @@ def make_spec(args: argparse.Namespace) -> Spec:
     methods = _split(args.methods) or list(methods_all)
     bad = [m for m in methods if m not in methods_all]
     if bad:
-        raise ValueError(f"--methods {' '.join(bad)}: the {args.preset} grid has methods {', '.join(methods_all)}")
+        raise ValueError(f"--methods {' '.join(bad)}: the {args.preset} grid has methods {', '.join(methods_all)}"
+                         f"{former_name_hint(bad)}")
     methods = ["baseline", *[m for m in methods_all if m in methods and m != "baseline"]]  # the paired reference
     seeds = seeds_of(args, flag_default=seeds)
     if args.budget and args.preset != PAPER:
