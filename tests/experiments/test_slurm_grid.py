@@ -121,6 +121,13 @@ def test_bad_grid_arguments_are_one_line_naming_the_flag(tmp_path, capsys, args,
     assert err.startswith(message) and err.count("\n") == 1, err
 
 
+def test_the_former_name_of_the_baseline_is_refused_naming_the_current_one(tmp_path, capsys):
+    assert grid_main(["--slurm", "--dry-run", "--output", str(tmp_path / "grid"), "--methods", "rope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --methods rope: the paper grid has methods baseline,") and err.count("\n") == 1
+    assert err.rstrip().endswith("; rope is now baseline (one name for the baseline everywhere)")
+
+
 def test_a_submission_without_shards_or_the_means_to_build_them_is_refused(tmp_path, capsys):
     assert grid_main(["--slurm", "--output", str(tmp_path / "grid"), "--data-prefix", "/nonexistent/owt"]) == 2
     err = capsys.readouterr().err
@@ -171,7 +178,8 @@ def test_cpu_preset_dry_run_trains_on_cpu_nodes_and_the_users_sbatch_options_com
 
 def test_a_launchers_run_name_pattern_takes_each_array_tasks_seed(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    env.update(RUN_NAME="tiny_rfs_seed{seed}", SEEDS="42 137", SLURM_ARRAY_TASK_ID="1", OUTPUT_DIR=str(tmp_path))
+    env.update(RUN_NAME="tiny_rfs_seed{seed}", SEEDS="42 137", SLURM_ARRAY_TASK_ID="1", OUTPUT_DIR=str(tmp_path),
+               SYNTHETIC_DATA="1")  # without data the dry run ends with the pre-flight refusal (exit 2)
     proc = subprocess.run(["bash", str(REPO / "slurm" / "pretrain_10m_rfs.sh"), "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
