@@ -125,7 +125,7 @@ WORLD_SIZE=$(( NNODES * TASKS_PER_NODE ))
 # 20000-39999: above the usual service ports, below Linux's ephemeral range (32768+ overlaps a little,
 # but a collision needs the same node and the same job id modulo 20000 at the same time).
 MASTER_PORT=${RDZV_PORT:-$(( 20000 + JOB_ID % 20000 ))}
-CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-$(_sbatch_default cpus-per-task)}
+CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-${CPUS_PER_TASK:-$(_sbatch_default cpus-per-task)}}
 CPUS_PER_TASK=${CPUS_PER_TASK:-1}
 
 if [ "$GPUS_PER_NODE" -gt 0 ] 2>/dev/null; then
@@ -330,8 +330,17 @@ if [ "$SUBMIT" = 1 ]; then
             _log "--time=$_minutes min: the plan's ${_wall} s x ${TIME_MARGIN_PERCENT:-120}% + ${TIME_PAD_MIN:-20} min, at most the launcher's $_cap (SBATCH_TIMELIMIT=... to choose)"
         fi
     fi
-    _log "checks passed: submitting sbatch ${_TIME_ARGS[*]} $LAUNCHER_FILE ${LAUNCHER_ARGS[*]}"
-    exec sbatch "${_TIME_ARGS[@]}" "$LAUNCHER_FILE" "${LAUNCHER_ARGS[@]}"
+    # The layout checked above is the one submitted: NNODES, TASKS_PER_NODE, GPUS_PER_NODE and CPUS_PER_TASK
+    # from the environment become sbatch options where they differ from this launcher's #SBATCH lines.
+    _LAYOUT_ARGS=()
+    for _option in "nodes=$NNODES" "ntasks-per-node=$TASKS_PER_NODE" "gpus-per-node=$GPUS_PER_NODE" \
+                   "cpus-per-task=$CPUS_PER_TASK"; do
+        _line=$(_sbatch_default "${_option%%=*}")
+        [ "${_line##*:}" = "${_option#*=}" ] || _LAYOUT_ARGS+=("--$_option")
+    done
+    _SUBMIT=(sbatch "${_TIME_ARGS[@]}" "${_LAYOUT_ARGS[@]}" "$LAUNCHER_FILE" "${LAUNCHER_ARGS[@]}")
+    _log "checks passed: submitting ${_SUBMIT[*]}"
+    exec "${_SUBMIT[@]}"
 fi
 
 # ---- run ---------------------------------------------------------------------------------------------
