@@ -49,14 +49,16 @@ if [ -z "${POSAUG_ROOT:-}" ]; then
 fi
 [ -f "${POSAUG_ROOT:-}/slurm/common.sh" ] || { echo "set POSAUG_ROOT to the project checkout" >&2; exit 2; }
 
-: "${INPUT:?set INPUT to the corpus file(s)/directory(ies)}"
-: "${TOKENIZER:?set TOKENIZER to a trained tokenizer (python -m data_prep train-tokenizer ...)}"
+# a missing setting is refused as every launcher refuses: one line, exit 2 (bash's own ${VAR:?} exits 1)
+_need() { [ -n "${!1:-}" ] || { echo "set $1 to $2" >&2; exit 2; }; }
+_need INPUT "the corpus file(s)/directory(ies)"
+_need TOKENIZER "a trained tokenizer (python -m data_prep train-tokenizer ...)"
 # the old name of DATA_PREFIX: refused, since a launcher that ignored it would fail later and less clearly
 if [ -n "${OUTPUT_PREFIX:-}" ] && [ -z "${DATA_PREFIX:-}" ]; then
     echo "OUTPUT_PREFIX is now DATA_PREFIX (the training launchers' name): DATA_PREFIX=$OUTPUT_PREFIX" >&2
     exit 2
 fi
-: "${DATA_PREFIX:?set DATA_PREFIX to OUT/name}"
+_need DATA_PREFIX "OUT/name"
 if [ -z "${PYTHON:-}" ]; then
     if [ -z "${CONTAINER_IMAGE:-}" ] && [ -x "$POSAUG_ROOT/.venv/bin/python" ]; then
         PYTHON=$POSAUG_ROOT/.venv/bin/python

@@ -167,8 +167,8 @@ def test_data_prep_dry_run_prints_an_srun_pmix_command():
 
 def test_data_prep_requires_its_inputs():
     result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], TOKENIZER="/t", DATA_PREFIX="/o/p")
-    assert result.returncode != 0
-    assert "set INPUT" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr == "set INPUT to the corpus file(s)/directory(ies)\n"
 
 
 def test_data_prep_refuses_the_old_output_prefix_naming_data_prefix():
