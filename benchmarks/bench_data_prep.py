@@ -206,7 +206,7 @@ def main() -> int:
     def ours(name: str, path: str, backend: str = "auto") -> None:
         prefix = os.path.join(work, name, "out")
         cmd = [sys.executable, "-m", "data_prep", "build", "--input", path, "--tokenizer", tok_dir,
-               "--output-prefix", prefix, "--workers", str(args.workers), "--valid-docs", "0", "--no-progress",
+               "--data-prefix", prefix, "--workers", str(args.workers), "--valid-docs", "0", "--no-progress",
                "--force"]
         wall, rss, rc, tail, pss, cpu = peak_rss_run(
             cmd, dict(env, PYTHONPATH=REPO, DATA_PREP_TOKENIZER_BACKEND=backend), REPO, args.timeout)

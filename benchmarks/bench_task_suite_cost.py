@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pretrain.table import current_name  # noqa: E402
 from pretrain.tasks.suite import PRESETS, evaluate_run, run_config  # noqa: E402
 from pretrain.trainer import config as config_module  # noqa: E402
 
@@ -34,7 +35,7 @@ from pretrain.trainer import config as config_module  # noqa: E402
 def train_cpu(preset, task: str, steps: int, work: Path) -> float:
     """CPU seconds of one RoPE training of `steps` steps in its own 1-thread process."""
     run_dir = work / f"{task}_{steps}"
-    raw = run_config(dataclasses.replace(preset, train_iters=steps), task, "rope", 42, run_dir)
+    raw = run_config(dataclasses.replace(preset, train_iters=steps), task, "baseline", 42, run_dir)
     config_file = work / f"{task}_{steps}.yaml"
     config_file.write_text(config_module.dump(config_module.from_dict(raw)))
     proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)],
@@ -55,11 +56,12 @@ def method_ratios(path: Path | None) -> dict[str, float]:
     ratios: dict[str, list[float]] = {}
     for seed in results["seeds"]:
         for task in results["train_lengths"]:
-            rope = timing.get(f"{task}_rope_s{seed}")
+            # results written before the rename call the baseline "rope" (pretrain.table.FORMER_NAMES)
+            base = timing.get(f"{task}_baseline_s{seed}") or timing.get(f"{task}_rope_s{seed}")
             for method in results["methods"]:
                 cpu = timing.get(f"{task}_{method}_s{seed}")
-                if rope and cpu:
-                    ratios.setdefault(method, []).append(cpu / rope)
+                if base and cpu:
+                    ratios.setdefault(current_name(method), []).append(cpu / base)
     return {m: sum(v) / len(v) for m, v in ratios.items()}
 
 
@@ -78,7 +80,7 @@ def main() -> None:
     ratios = method_ratios(args.method_ratios)
     scale = sum(ratios.get(m, 1.0) for m in preset.methods)
     torch.set_num_threads(1)
-    print(f"load average at start: {os.getloadavg()[0]:.1f}; method CPU ratios vs rope: "
+    print(f"load average at start: {os.getloadavg()[0]:.1f}; method CPU ratios vs baseline: "
           f"{ {m: round(r, 2) for m, r in ratios.items()} or 'none (all 1.0)'}", flush=True)
     rows, total = [], 0.0
     with tempfile.TemporaryDirectory() as tmp:

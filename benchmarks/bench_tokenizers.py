@@ -176,7 +176,7 @@ def main() -> int:
 
     def ours(key: str, tok: str, path: str, backend: str = "auto") -> str:
         prefix = os.path.join(work, key, "out")
-        cmd = [sys.executable, "-m", "data_prep", "build", "--input", path, "--tokenizer", tok, "--output-prefix",
+        cmd = [sys.executable, "-m", "data_prep", "build", "--input", path, "--tokenizer", tok, "--data-prefix",
                prefix, "--workers", str(args.workers), "--valid-docs", "0", "--no-progress", "--force"]
         wall, _, rc, tail, pss, cpu = peak_rss_run(
             cmd, dict(env, PYTHONPATH=REPO, DATA_PREP_TOKENIZER_BACKEND=backend), REPO, args.timeout)

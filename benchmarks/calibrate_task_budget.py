@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/calibrate_task_budget.py --task addition --lengths 2 4 --iters 2000 --lr 2e-3 \
         --warmup 100 --checkpoints 4
 
-One training run (the suite's own run_config for `rope`, with the overrides given), saving
+One training run (the suite's own run_config for `baseline`, with the overrides given), saving
 `--checkpoints` evenly spaced checkpoints of one cosine schedule, then exact match on every seen
 length at each checkpoint. A mid-schedule checkpoint has not decayed its learning rate, so a run
 whose whole schedule is that long does at least as well as a rule (not guaranteed). The numbers behind
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                          global_batch_size=args.batch, lr=args.lr, eval_count=args.count)
     out = Path(args.output) / f"{args.task}_{lo}-{hi}_{args.iters}_lr{args.lr:g}"
     out.mkdir(parents=True, exist_ok=True)
-    raw = run_config(preset, args.task, "rope", 42, out)
+    raw = run_config(preset, args.task, "baseline", 42, out)
     raw["checkpoint"].update(save_interval=args.iters // args.checkpoints, keep_last=args.checkpoints)
     if args.warmup is not None:
         raw["optimizer"]["lr_warmup_iters"] = args.warmup

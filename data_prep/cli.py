@@ -12,6 +12,15 @@ from data_prep.overlap import check_apart
 from data_prep.units import FORMATS, NORMALIZE_RULES
 
 
+class _Renamed(argparse.Action):
+    """A deprecated alias: stores into the new flag's dest and says, once, which flag to write instead."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        print(f"data_prep: warning: {option_string} is deprecated: write {new} (the same value)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m data_prep", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -19,7 +28,11 @@ def _build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="tokenise a corpus into Megatron .bin/.idx shards")
     b.add_argument("--input", action="append", required=True, help="file or directory (repeatable)")
     b.add_argument("--tokenizer", required=True, help="tokenizer.json, dir with vocab.json+merges.txt, or .model")
-    b.add_argument("--output-prefix", required=True, help="OUT/name -> OUT/name_00000_text_document.bin ...")
+    b.add_argument("--data-prefix", help="OUT/name -> OUT/name_00000_text_document.bin ... (required); the name "
+                   "the trainer (data.data_path), the launchers (DATA_PREFIX) and reproduce --slurm give it too")
+    # the old name still works, with a warning: manifests written before the rename print it in their
+    # rebuild command
+    b.add_argument("--output-prefix", dest="data_prefix", action=_Renamed, help=argparse.SUPPRESS)
     b.add_argument("--num-shards", type=int, default=1, help="training shards to write")
     g = b.add_mutually_exclusive_group()
     g.add_argument("--valid-fraction", type=float, default=None,
@@ -62,7 +75,7 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--jsonl-key", default="text")
 
     i = sub.add_parser("inspect", help="report on (and check) written shards")
-    i.add_argument("prefix", help="output prefix (with manifest) or one shard prefix")
+    i.add_argument("prefix", help="a build's --data-prefix (with manifest) or one shard prefix")
     i.add_argument("--tokenizer", default=None, help="tokenizer for the decoded sample (default: manifest's)")
     i.add_argument("--sample-tokens", type=int, default=200, help="tokens of the decoded sample")
 
@@ -78,15 +91,19 @@ _ELSEWHERE = {"elsewhere": "pass an --output on a larger disk", "then": "rerun t
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one command; returns the process exit code."""
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "build" and args.data_prefix is None:  # not required=True: the alias may give it
+        parser.error("the following arguments are required: --data-prefix")
     try:
         if args.command == "build":
             from data_prep.pipeline import BuildConfig, build
 
-            check_apart(args.output_prefix, [*(("--input", path) for path in args.input),
-                                             ("--tokenizer", args.tokenizer)], "--output-prefix")
+            check_apart(args.data_prefix, [*(("--input", path) for path in args.input),
+                                           ("--tokenizer", args.tokenizer)], "--data-prefix")
             kw = {k: v for k, v in vars(args).items() if k != "command"}
             kw["inputs"] = kw.pop("input")
+            kw["output_prefix"] = kw.pop("data_prefix")  # BuildConfig's name: the prefix it writes
             build(BuildConfig(**kw))
             return 0
         if args.command == "train-tokenizer":

@@ -94,7 +94,7 @@ class Manifest:
 
     @property
     def output_prefix(self) -> str:
-        """The --output-prefix the build was given."""
+        """The --data-prefix the build was given."""
         return self.path[: -len(_MANIFEST_SUFFIX)] if self.path.endswith(_MANIFEST_SUFFIX) else ""
 
     def rebuild_command(self) -> str:
@@ -103,7 +103,7 @@ class Manifest:
         args = ["python", "-m", "data_prep", "build"]
         for item in self.raw.get("inputs", []):
             args += ["--input", item["path"]]
-        args += ["--tokenizer", self.tokenizer_path, "--output-prefix", self.output_prefix or "OUTPUT_PREFIX",
+        args += ["--tokenizer", self.tokenizer_path, "--data-prefix", self.output_prefix or "DATA_PREFIX",
                  "--num-shards", str(len(self.train_prefixes))]
         if settings.get("valid_docs") is not None:
             args += ["--valid-docs", str(settings["valid_docs"])]
@@ -142,7 +142,7 @@ class Manifest:
 
 
 def load_manifest(output_prefix: str) -> Manifest:
-    """Load `OUTPUT_PREFIX_manifest.json` (also accepts the manifest path itself)."""
+    """Load `DATA_PREFIX_manifest.json` (also accepts the manifest path itself)."""
     path = output_prefix if output_prefix.endswith(_MANIFEST_SUFFIX) else manifest_path(output_prefix)
     path = os.path.abspath(path)
     with open(path) as fh:

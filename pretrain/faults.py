@@ -26,7 +26,7 @@ FULL_OR_READ_ONLY = frozenset(_NO_SPACE | _NOT_WRITABLE)
 # "[Errno 28]" from Python, "(os error 28)" / "Os { code: 28" from Rust libraries (safetensors, tokenizers)
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]|\(os error (\d+)\)|Os \{ code: (\d+)")
 
-DEFAULT_ELSEWHERE = "pass an --output-prefix on a larger disk"
+DEFAULT_ELSEWHERE = "pass a --data-prefix on a larger disk"
 DEFAULT_THEN = "rerun the same command (finished work is kept and resumed)"
 Then = Union[str, Callable[[], str]]  # how to continue; a callable is asked only once the fault happened
 

@@ -142,6 +142,20 @@ METHODS: dict[str, Method] = {
     "posaug_irope": Method(POSAUG, model=I_ROPE, model_in_windows=I_ROPE_FLOOR),
 }
 SHIPPED_METHODS = tuple(name for name, method in METHODS.items() if method.shipped)
+# Former method names: refused on command lines with the current name, read as it from stored records (the task
+# suite called the baseline `rope` until 2026-11; its results under benchmarks/results still say so).
+FORMER_NAMES = {"rope": "baseline"}
+
+
+def current_name(method: str) -> str:
+    """The method's current name (a former name from a stored record mapped to it)."""
+    return FORMER_NAMES.get(method, method)
+
+
+def former_name_hint(methods: list[str]) -> str:
+    """'; rope is now baseline' for each former name among `methods` (empty when none): the refusal's hint."""
+    return "".join(f"; {m} is now {FORMER_NAMES[m]} (one name for the baseline everywhere)"
+                   for m in methods if m in FORMER_NAMES)
 
 
 def model_preset(name: str, **overrides) -> ModelConfig:

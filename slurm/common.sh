@@ -125,7 +125,7 @@ WORLD_SIZE=$(( NNODES * TASKS_PER_NODE ))
 # 20000-39999: above the usual service ports, below Linux's ephemeral range (32768+ overlaps a little,
 # but a collision needs the same node and the same job id modulo 20000 at the same time).
 MASTER_PORT=${RDZV_PORT:-$(( 20000 + JOB_ID % 20000 ))}
-CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-$(_sbatch_default cpus-per-task)}
+CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-${CPUS_PER_TASK:-$(_sbatch_default cpus-per-task)}}
 CPUS_PER_TASK=${CPUS_PER_TASK:-1}
 
 if [ "$GPUS_PER_NODE" -gt 0 ] 2>/dev/null; then
@@ -295,13 +295,16 @@ _preflight=$(cd "$POSAUG_ROOT" && WORLD_SIZE=$WORLD_SIZE "$PYTHON" -m pretrain t
              --set "${_PREFLIGHT_SETS[@]}" 2>&1)
 _preflight_rc=$?
 set -e
-if [ "$_preflight_rc" != 0 ]; then
-    _reason=$(printf '%s\n' "$_preflight" | grep -v '^\s*$' | tail -n1)
-    if [ "$DRY_RUN" = 1 ]; then
-        _log "REFUSED (a submission would stop here, nothing queued): ${_reason}"
-    else
-        _die "refused before $( [ "$SUBMIT" = 1 ] && echo "submitting (nothing queued)" || echo "building the model"): ${_reason}"
-    fi
+_reason=$(printf '%s\n' "$_preflight" | grep -v '^\s*$' | tail -n1)
+if [ "$_preflight_rc" = 2 ]; then
+    # exit 2 is the check's refusal (config, data, tokenizer, layout). A dry run (settings, plan and command
+    # printed above) refuses as the submission would: one line, exit 2.
+    _die "refused before $( [ "$DRY_RUN" = 1 ] && echo "submitting (dry run, nothing queued)" \
+        || { [ "$SUBMIT" = 1 ] && echo "submitting (nothing queued)" || echo "building the model"; }): ${_reason}"
+elif [ "$_preflight_rc" != 0 ]; then
+    # the check could not run here (e.g. a login node whose python has no torch, the container's has): as for
+    # the plan, a warning; the trainer validates the same config when it starts
+    _log "WARNING: could not run the pre-flight check ($PYTHON -m pretrain train --check exited $_preflight_rc: ${_reason}); continuing without it"
 else
     _log "pre-flight: ${_preflight##*$'\n'}"
 fi
@@ -327,8 +330,17 @@ if [ "$SUBMIT" = 1 ]; then
             _log "--time=$_minutes min: the plan's ${_wall} s x ${TIME_MARGIN_PERCENT:-120}% + ${TIME_PAD_MIN:-20} min, at most the launcher's $_cap (SBATCH_TIMELIMIT=... to choose)"
         fi
     fi
-    _log "checks passed: submitting sbatch ${_TIME_ARGS[*]} $LAUNCHER_FILE ${LAUNCHER_ARGS[*]}"
-    exec sbatch "${_TIME_ARGS[@]}" "$LAUNCHER_FILE" "${LAUNCHER_ARGS[@]}"
+    # The layout checked above is the one submitted: NNODES, TASKS_PER_NODE, GPUS_PER_NODE and CPUS_PER_TASK
+    # from the environment become sbatch options where they differ from this launcher's #SBATCH lines.
+    _LAYOUT_ARGS=()
+    for _option in "nodes=$NNODES" "ntasks-per-node=$TASKS_PER_NODE" "gpus-per-node=$GPUS_PER_NODE" \
+                   "cpus-per-task=$CPUS_PER_TASK"; do
+        _line=$(_sbatch_default "${_option%%=*}")
+        [ "${_line##*:}" = "${_option#*=}" ] || _LAYOUT_ARGS+=("--$_option")
+    done
+    _SUBMIT=(sbatch "${_TIME_ARGS[@]}" "${_LAYOUT_ARGS[@]}" "$LAUNCHER_FILE" "${LAUNCHER_ARGS[@]}")
+    _log "checks passed: submitting ${_SUBMIT[*]}"
+    exec "${_SUBMIT[@]}"
 fi
 
 # ---- run ---------------------------------------------------------------------------------------------

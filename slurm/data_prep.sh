@@ -9,14 +9,15 @@
 # takes its share of the input files and runs WORKERS tokenizer processes; rank 0 writes the manifest.
 # The output is byte-identical to a single-process `python -m data_prep build` with the same arguments.
 #
-#   INPUT=/data/owt TOKENIZER=/data/tok OUTPUT_PREFIX=/data/shards/owt sbatch slurm/data_prep.sh
+#   INPUT=/data/owt TOKENIZER=/data/tok DATA_PREFIX=/data/shards/owt sbatch slurm/data_prep.sh
 #   INPUT="/data/a /data/b.jsonl.gz" ... sbatch --nodes=4 slurm/data_prep.sh
-#   INPUT=... TOKENIZER=... OUTPUT_PREFIX=... bash slurm/data_prep.sh --dry-run   # print, run nothing
+#   INPUT=... TOKENIZER=... DATA_PREFIX=... bash slurm/data_prep.sh --dry-run   # print, run nothing
 #
 # Environment:
 #   INPUT           file(s)/directory(ies), whitespace-separated (required)
 #   TOKENIZER       tokenizer.json, a vocab.json+merges.txt dir, or a SentencePiece .model (required)
-#   OUTPUT_PREFIX   OUT/name -> OUT/name_00000_text_document.{bin,idx} + OUT/name_manifest.json (required)
+#   DATA_PREFIX     OUT/name -> OUT/name_00000_text_document.{bin,idx} + OUT/name_manifest.json (required);
+#                   the training launchers' DATA_PREFIX, data_prep's --data-prefix
 #   NUM_SHARDS      train shards (default: data_prep's)
 #   WORKERS         tokenizer processes per rank (default: CPUs per task)
 #   DATA_PREP_ARGS  extra `data_prep build` arguments, e.g. "--valid-docs 100 --seed 3"
@@ -48,9 +49,16 @@ if [ -z "${POSAUG_ROOT:-}" ]; then
 fi
 [ -f "${POSAUG_ROOT:-}/slurm/common.sh" ] || { echo "set POSAUG_ROOT to the project checkout" >&2; exit 2; }
 
-: "${INPUT:?set INPUT to the corpus file(s)/directory(ies)}"
-: "${TOKENIZER:?set TOKENIZER to a trained tokenizer (python -m data_prep train-tokenizer ...)}"
-: "${OUTPUT_PREFIX:?set OUTPUT_PREFIX to OUT/name}"
+# a missing setting is refused as every launcher refuses: one line, exit 2 (bash's own ${VAR:?} exits 1)
+_need() { [ -n "${!1:-}" ] || { echo "set $1 to $2" >&2; exit 2; }; }
+_need INPUT "the corpus file(s)/directory(ies)"
+_need TOKENIZER "a trained tokenizer (python -m data_prep train-tokenizer ...)"
+# the old name of DATA_PREFIX: refused, since a launcher that ignored it would fail later and less clearly
+if [ -n "${OUTPUT_PREFIX:-}" ] && [ -z "${DATA_PREFIX:-}" ]; then
+    echo "OUTPUT_PREFIX is now DATA_PREFIX (the training launchers' name): DATA_PREFIX=$OUTPUT_PREFIX" >&2
+    exit 2
+fi
+_need DATA_PREFIX "OUT/name"
 if [ -z "${PYTHON:-}" ]; then
     if [ -z "${CONTAINER_IMAGE:-}" ] && [ -x "$POSAUG_ROOT/.venv/bin/python" ]; then
         PYTHON=$POSAUG_ROOT/.venv/bin/python
@@ -74,7 +82,7 @@ else
 fi
 WORKERS=${WORKERS:-$CPUS_PER_TASK}
 
-CMD=("$PYTHON" -m data_prep build --tokenizer "$TOKENIZER" --output-prefix "$OUTPUT_PREFIX"
+CMD=("$PYTHON" -m data_prep build --tokenizer "$TOKENIZER" --data-prefix "$DATA_PREFIX"
      --workers "$WORKERS" --mpi --no-progress)
 read -r -a _inputs <<<"$INPUT"
 for i in "${_inputs[@]}"; do CMD+=(--input "$i"); done
@@ -85,7 +93,7 @@ CMD+=("${_extra[@]}")
 SRUN=(srun --nodes="$NNODES" --ntasks="$NTASKS" --cpus-per-task="$CPUS_PER_TASK" --mpi=pmix
       --kill-on-bad-exit=1 --chdir="$POSAUG_ROOT")
 if [ -n "${CONTAINER_IMAGE:-}" ]; then
-    _mounts="$POSAUG_ROOT,$(dirname "$OUTPUT_PREFIX")"
+    _mounts="$POSAUG_ROOT,$(dirname "$DATA_PREFIX")"
     for i in "${_inputs[@]}"; do _mounts="$_mounts,$(dirname "$i")"; done
     [ -n "${CONTAINER_MOUNTS:-}" ] && _mounts="$_mounts,$CONTAINER_MOUNTS"
     SRUN+=(--container-image="$CONTAINER_IMAGE" --container-mounts="$_mounts" --container-workdir="$POSAUG_ROOT")
@@ -95,7 +103,7 @@ cat <<SETTINGS
 [posaug-slurm] ==== data_prep build ($( [ "$DRY_RUN" = 1 ] && echo "dry run" || echo "job $SLURM_JOB_ID")) ====
   input           ${INPUT}
   tokenizer       ${TOKENIZER}
-  output prefix   ${OUTPUT_PREFIX}
+  data prefix     ${DATA_PREFIX}
   shards          ${NUM_SHARDS:-(data_prep default)}
   MPI ranks       ${NTASKS} on ${NNODES} node(s) (${SLURM_JOB_NODELIST:-not allocated}), ${WORKERS} workers each
   project root    ${POSAUG_ROOT}
@@ -107,7 +115,7 @@ printf ' %q' "${SRUN[@]}" "${CMD[@]}"
 printf '\n'
 [ "$DRY_RUN" = 1 ] && exit 0
 
-mkdir -p "$(dirname "$OUTPUT_PREFIX")"
+mkdir -p "$(dirname "$DATA_PREFIX")"
 # Each rank runs WORKERS processes of its own; keep BLAS/tokenizer thread pools from oversubscribing.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}

@@ -129,7 +129,7 @@ def tiny_shards(tmp_path_factory) -> str:
                       "--kind", "sentencepiece-bpe", "--vocab-size", "512"]) == 0
     prefix = str(root / "shards" / "tiny")
     assert data_prep(["build", "--input", str(root / "corpus"), "--tokenizer", str(root / "tok"),
-                      "--output-prefix", prefix, "--num-shards", "2", "--valid-fraction", "0.1",
+                      "--data-prefix", prefix, "--num-shards", "2", "--valid-fraction", "0.1",
                       "--no-progress"]) == 0
     return prefix
 

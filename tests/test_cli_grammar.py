@@ -198,3 +198,20 @@ def test_every_command_is_listed_in_the_top_level_help(capsys):
     assert pretrain_main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(f"  {name} " in out for name in COMMANDS)
+
+
+def test_the_data_prefix_is_one_flag_in_data_prep_build_and_reproduce_slurm(monkeypatch):
+    for argv in (["data_prep", "build"], ["reproduce", "--slurm"]):
+        parser = _capture(monkeypatch, [*argv, "--help"], parse=False)
+        shown = {o for each in _parsers(parser) for a in each._actions if a.help != argparse.SUPPRESS
+                 for o in a.option_strings}
+        assert "--data-prefix" in shown and "--output-prefix" not in shown, argv
+
+
+def test_the_baseline_has_one_name_in_every_method_list():
+    from pretrain.experiments.presets import TRAINING_METHODS
+    from pretrain.table import FORMER_NAMES, METHODS
+    from pretrain.tasks.presets import METHODS as TASK_METHODS
+
+    for methods in (METHODS, TRAINING_METHODS, TASK_METHODS):
+        assert "baseline" in methods and not set(FORMER_NAMES) & set(methods)

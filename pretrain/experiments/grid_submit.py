@@ -127,7 +127,7 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
                                     [stage, "data", spec.out])
         else:
             data_env = {**env, "INPUT": spec.corpus or "<pass --corpus>", "TOKENIZER": spec.tokenizer or "<pass --tokenizer>",
-                        "OUTPUT_PREFIX": spec.data_prefix}  # placeholders: a dry run before the data exists
+                        "DATA_PREFIX": spec.data_prefix}  # placeholders: a dry run before the data exists
             data_dep = slurm.submit("DATA", data_env, _job_common(spec, "data", "data-%j.out"),
                                     [str(ROOT / "slurm" / "data_prep.sh")])
         jobs["data"] = data_dep

@@ -20,7 +20,7 @@ import torch
 
 from pretrain.faults import write_text_atomic
 from pretrain.experiments.presets import INFERENCE, PRESETS, TRAINING_METHODS, Preset
-from pretrain.table import METHODS
+from pretrain.table import METHODS, former_name_hint
 from pretrain.trainer import config as config_module
 from pretrain.trainer.config import TrainConfig
 
@@ -53,7 +53,7 @@ def prepare_data(out: Path, preset: Preset, corpus: str | None) -> str:
             raise RuntimeError("train-tokenizer failed")
     # data_prep resumes by itself: complete shards are verified and kept
     _log("tokenising into Megatron shards")
-    if data_prep(["build", "--input", corpus, "--tokenizer", str(tokenizer), "--output-prefix", prefix,
+    if data_prep(["build", "--input", corpus, "--tokenizer", str(tokenizer), "--data-prefix", prefix,
                   "--valid-fraction", str(preset.valid_fraction), "--no-progress"]):
         raise RuntimeError("data_prep build failed")
     manifest = load_manifest(prefix)
@@ -242,6 +242,7 @@ def with_methods(preset: Preset, methods: list[str] | None) -> Preset:
         return preset
     unknown = [m for m in methods if m not in TRAINING_METHODS]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(TRAINING_METHODS)}")
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(TRAINING_METHODS)}"
+                         f"{former_name_hint(unknown)}")
     return dataclasses.replace(preset, methods=("baseline", *[m for m in methods if m != "baseline"]))
 

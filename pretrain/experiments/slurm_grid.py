@@ -30,7 +30,7 @@ from pretrain.experiments.grid_plan import (GRID_FILE, PAPER, PAPER_SEEDS, PRESE
 from pretrain.experiments.grid_status import stage_data, stage_eval, stage_report, status
 from pretrain.experiments.grid_submit import Slurm, submit
 from pretrain.cli import Parser, add_seeds, add_set, seeds_of
-from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
+from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES, former_name_hint
 
 __all__ = ["PAPER_SEEDS", "Spec", "main", "make_spec", "parse_run_name", "parser", "run_name"]
 
@@ -38,6 +38,14 @@ __all__ = ["PAPER_SEEDS", "Spec", "main", "make_spec", "parse_run_name", "parser
 
 def _split(values: list[str] | None) -> list[str]:
     return [v for item in values or [] for v in item.replace(",", " ").split()]
+
+
+def data_refusal(prefix: str, corpus: str | None, tokenizer: str | None) -> str | None:
+    """Why a paper grid cannot be submitted with these data arguments (one line), or None when it can."""
+    if shards_ready(prefix) or (corpus and tokenizer):
+        return None
+    return (f"no shards at --data-prefix {prefix} (no manifest): pass --corpus and --tokenizer to build them in a "
+            "data_prep job first, or the prefix of existing shards")
 
 
 def make_spec(args: argparse.Namespace) -> Spec:
@@ -57,7 +65,8 @@ def make_spec(args: argparse.Namespace) -> Spec:
     methods = _split(args.methods) or list(methods_all)
     bad = [m for m in methods if m not in methods_all]
     if bad:
-        raise ValueError(f"--methods {' '.join(bad)}: the {args.preset} grid has methods {', '.join(methods_all)}")
+        raise ValueError(f"--methods {' '.join(bad)}: the {args.preset} grid has methods {', '.join(methods_all)}"
+                         f"{former_name_hint(bad)}")
     methods = ["baseline", *[m for m in methods_all if m in methods and m != "baseline"]]  # the paired reference
     seeds = seeds_of(args, flag_default=seeds)
     if args.budget and args.preset != PAPER:
@@ -72,12 +81,12 @@ def make_spec(args: argparse.Namespace) -> Spec:
     out = Path(args.output).resolve()
     if args.preset == PAPER:
         if not args.data_prefix:
-            raise ValueError("--preset paper needs --data-prefix: the data_prep --output-prefix of the shards "
+            raise ValueError("--preset paper needs --data-prefix: the data_prep --data-prefix of the shards "
                              "(with --corpus and --tokenizer when they still have to be built)")
         prefix = str(Path(args.data_prefix).resolve())
-        if not shards_ready(prefix) and not (args.corpus and args.tokenizer) and not args.dry_run:
-            raise ValueError(f"no shards at --data-prefix {prefix} (no manifest): pass --corpus and --tokenizer "
-                             "to build them in a data_prep job first, or the prefix of existing shards")
+        refusal = data_refusal(prefix, args.corpus, args.tokenizer)
+        if refusal and not args.dry_run:  # a dry run plans first, then refuses the same way (main)
+            raise ValueError(refusal)
     else:
         if args.data_prefix or args.tokenizer:
             raise ValueError(f"--preset {args.preset} builds its own data under --output (its tokenizer too): "
@@ -114,13 +123,14 @@ def parser() -> Parser:
     p.add_argument("--budget", choices=("table1", "chinchilla"), help="token budget of every run (paper preset): "
                    "table1 = the paper's Table 1 tokens, chinchilla = 20 tokens per parameter (default: table1, "
                    "the shipped configs')")
-    p.add_argument("--data-prefix", help="paper: data_prep --output-prefix of the shards")
+    p.add_argument("--data-prefix", help="paper: the shards' prefix, as given to data_prep build --data-prefix")
     p.add_argument("--corpus", help="paper: corpus for the data_prep job (when the shards are missing); CPU "
                    "presets: a corpus instead of the embedded one")
     p.add_argument("--tokenizer", help="paper: tokenizer for the data_prep job")
     p.add_argument("--sbatch", help="extra sbatch options for every job, e.g. \"--partition=gpu --account=x\"")
     p.add_argument("--dry-run", action="store_true", help="print the plan and every sbatch command; submit nothing "
-                   "(plans also before the shards at --data-prefix exist)")
+                   "(also before the shards at --data-prefix exist; then it ends with the submission's refusal, "
+                   "exit 2)")
     p.add_argument("--status", action="store_true", help="show the grid in --output: every run's state, job, step, "
                    "last loss, evaluation, and the report")
     p.add_argument("--slurm-stage", choices=("data", "eval", "report"), help=argparse.SUPPRESS)
@@ -159,9 +169,6 @@ def main(argv: list[str]) -> int:
         spec = make_spec(args)
         text, refusals = plan_grid(spec)
         print(text, flush=True)
-        if not spec.cpu and not shards_ready(spec.data_prefix) and not (spec.corpus and spec.tokenizer):
-            print(f"# note: no shards at {spec.data_prefix} yet: a submission needs them there, or --corpus and "
-                  "--tokenizer to build them in a data_prep job first", flush=True)
         if refusals:
             more = f" (and {len(refusals) - 1} more run(s) of the grid)" if len(refusals) > 1 else ""
             print(f"error: the grid does not fit, nothing was submitted: {refusals[0]}{more}", file=sys.stderr)
@@ -169,7 +176,12 @@ def main(argv: list[str]) -> int:
         commands, state = submit(spec, args.dry_run)
         if args.dry_run:
             print(f"# dry run: {len(commands)} sbatch command(s), nothing submitted\nset -e")
-            print("\n".join(commands))
+            print("\n".join(commands), flush=True)
+            # the submission's own refusal, after the plan and commands it would have shown: exit 2 as it does
+            refusal = None if spec.cpu else data_refusal(spec.data_prefix, spec.corpus, spec.tokenizer)
+            if refusal:
+                print(f"error: {refusal}", file=sys.stderr)
+                return 2
             return 0
         if not commands:
             _log(f"nothing to submit: every run is finished and evaluated; report: {Path(spec.out) / 'report.md'}")

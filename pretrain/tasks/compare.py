@@ -40,14 +40,14 @@ _WARP = "Index warping Table A (sequence accuracy averaged over lengths 2..5M, t
 _RUOSS = "Ruoss et al. Table 1 (per-token accuracy on unseen lengths 41..500, chance 50 %, best of 30 runs)"
 PAPER_CLAIMS: tuple[PaperClaim, ...] = (
     PaperClaim("RFS Table 1 / Fig. 3 (exact match on unseen lengths 21..40, train ≤ 20, 12 layers, 40k steps)",
-               "copy", "rfs", "rope", 83.7, None, "unseen exact match", "unseen"),
-    *(PaperClaim(_WARP, task, method, "rope", value, base, "mean sequence accuracy", "all")
+               "copy", "rfs", BASELINE, 83.7, None, "unseen exact match", "unseen"),
+    *(PaperClaim(_WARP, task, method, BASELINE, value, base, "mean sequence accuracy", "all")
       for task, base, values in (("copy", 19.2, {"alibi": 27.9, "rpe": 26.8, "warp": 43.2}),
                                  ("reverse", 20.4, {"alibi": 22.4, "rpe": 39.3, "warp": 39.8}),
                                  ("sort", 18.8, {"alibi": 33.6, "rpe": 43.0, "warp": 53.7}),
                                  ("summation", 27.9, {"alibi": 33.0, "rpe": 32.2, "warp": 29.5}))
       for method, value in values.items()),
-    *(PaperClaim(_RUOSS, task, method, "rope", value, base, "per-token accuracy", "unseen", "token_accuracy")
+    *(PaperClaim(_RUOSS, task, method, BASELINE, value, base, "per-token accuracy", "unseen", "token_accuracy")
       for task, base, values in (("reverse", 51.9, {"rpe": 69.9, "alibi": 62.3, "nope": 52.8}),
                                  ("duplicate", 50.9, {"rpe": 68.9, "alibi": 51.3, "nope": 52.8}),
                                  ("missing_duplicate", 56.5, {"rpe": 88.7, "alibi": 54.3, "nope": 52.5}))
@@ -120,7 +120,7 @@ def nope_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -> li
             continue
         verdicts: dict[str, list[str]] = {"higher": [], "no significant difference": [], "lower": []}
         for method in methods:
-            if method in ("rope", "nope", "alibi") or method not in rows:
+            if method in (BASELINE, "nope", "alibi") or method not in rows:
                 continue
             verdicts[difference(rows[method]["unseen"], rows["nope"]["unseen"])[2]].append(method)
         lines.append(f"- **{task}** vs NoPE ({_pct(rows['nope']['unseen'])} unseen): above it "

@@ -23,7 +23,7 @@ class Method:
 
 
 METHODS: dict[str, Method] = {
-    "rope": Method({}, {"strategy": "none"}),
+    "baseline": Method({}, {"strategy": "none"}),  # RoPE without augmentation, as table.METHODS["baseline"]
     "posaug": Method({}, {"strategy": "posaug", "alpha_min": 0.125, "alpha_max": 8.0, "alpha_distribution": "uniform"}),
     # per_sample: the papers draw one sorted position row per example, not one per microbatch.
     "rfs": Method({}, {"strategy": "rfs", "granularity": "per_sample"}, max_position="rfs"),

@@ -115,7 +115,7 @@ def ranking_text(summary: dict[str, dict[str, dict]], methods: list[str]) -> str
                  "| method | mean % | mean rank | beats RoPE on | trails RoPE on |", "|---|---|---|---|---|"]
         for e in ranked:
             lines.append(f"| {e['method']} | {100 * e['mean']:.1f} | {e['mean_rank']:.2f} | "
-                         f"{', '.join(e['beats_rope']) or '—'} | {', '.join(e['trails_rope']) or '—'} |")
+                         f"{', '.join(e['beats_baseline']) or '—'} | {', '.join(e['trails_baseline']) or '—'} |")
         text.append("\n".join(lines))
     return "\n\n".join(text)
 

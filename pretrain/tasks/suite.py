@@ -271,14 +271,16 @@ def main(argv: list[str]) -> int:
     import dataclasses
 
     from pretrain.cli import seeds_of
+    from pretrain.table import former_name_hint
     from pretrain.tasks.arguments import tasks_parser
 
     args = tasks_parser().parse_args(argv)
     preset = PRESETS[args.preset]
-    unknown = [t for t in args.tasks or [] if t not in preset.tasks] + [m for m in args.methods or [] if m not in METHODS]
+    unknown_methods = [m for m in args.methods or [] if m not in METHODS]
+    unknown = [t for t in args.tasks or [] if t not in preset.tasks] + unknown_methods
     if unknown:
-        print(f"error: {unknown} not in preset {args.preset}: tasks {list(preset.tasks)}, methods {list(METHODS)}",
-              file=sys.stderr)
+        print(f"error: {unknown} not in preset {args.preset}: tasks {list(preset.tasks)}, methods {list(METHODS)}"
+              f"{former_name_hint(unknown_methods)}", file=sys.stderr)
         return 2
     if args.tasks:
         preset = dataclasses.replace(preset, tasks={t: preset.tasks[t] for t in args.tasks})

@@ -13,7 +13,9 @@ import math
 import statistics
 from collections import defaultdict
 
-BASELINE = "rope"
+from pretrain.table import current_name
+
+BASELINE = "baseline"  # the RoPE baseline (pretrain.table's name; stored records say "rope": table.current_name)
 GATE = 0.95  # RoPE exact match on seen lengths, mean over seeds
 METRICS = {"accuracy": "exact match", "token_accuracy": "per-token accuracy"}
 
@@ -57,7 +59,7 @@ def aggregate(records: list[dict]) -> dict[str, dict[str, dict]]:
     """task → method → per-length means over seeds (± sd) and seen / unseen summaries (see `_part`)."""
     grouped: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
-        grouped[(record["task"], record["method"])].append(record)
+        grouped[(record["task"], current_name(record["method"]))].append(record)
     out: dict[str, dict[str, dict]] = defaultdict(dict)
     for (task, method), group in grouped.items():
         group.sort(key=lambda r: r["seed"])
@@ -168,6 +170,6 @@ def ranking(summary: dict[str, dict[str, dict]], methods: list[str], metric: str
         base = {t: summary[t][BASELINE]["unseen"] for t in tasks}
         out.append({"method": method, "mean": sum(values) / len(values), "tasks": tasks,
                     "mean_rank": sum(ranks[method]) / len(tasks),
-                    "beats_rope": [t for t in tasks if exceeds(summary[t][method]["unseen"], base[t], metric)],
-                    "trails_rope": [t for t in tasks if exceeds(base[t], summary[t][method]["unseen"], metric)]})
+                    "beats_baseline": [t for t in tasks if exceeds(summary[t][method]["unseen"], base[t], metric)],
+                    "trails_baseline": [t for t in tasks if exceeds(base[t], summary[t][method]["unseen"], metric)]})
     return sorted(out, key=lambda e: -e["mean"])

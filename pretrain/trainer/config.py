@@ -28,9 +28,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 @dataclass
 class DataConfig:
-    """Where tokens come from: a data_prep output prefix (its manifest), or synthetic tokens."""
+    """Where tokens come from: a data_prep data prefix (its manifest), or synthetic tokens."""
 
-    # data_prep --output-prefix (shards and manifest are found from it), or a weighted blend of
+    # data_prep --data-prefix (shards and manifest are found from it), or a weighted blend of
     # several, as Megatron's --data-path: [w1, prefix1, w2, prefix2, ...]
     data_path: str | list | None = None
     synthetic: bool = False  # random tokens (tests, smoke runs): no data_path needed
@@ -242,7 +242,7 @@ class TrainConfig:
             task_source().check(self.data, self.model)
         elif not self.data.synthetic:
             if not self.data.data_path:
-                raise ValueError("data.data_path is missing: pass the data_prep --output-prefix "
+                raise ValueError("data.data_path is missing: pass the data_prep --data-prefix "
                                  "(e.g. --set data.data_path=data/owt) or set data.synthetic=true")
             check_data_path(self.data.data_path)
             self._check_vocab_covers_data()

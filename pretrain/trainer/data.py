@@ -95,7 +95,7 @@ def check_data_path(data_path: str | list) -> None:
     for _, prefix in parts:
         if not Path(manifest_path(prefix)).is_file():
             raise ValueError(f"data.data_path: no manifest for {prefix!r} at {manifest_path(prefix)}; "
-                             "run `python -m data_prep build --output-prefix ...` first")
+                             "run `python -m data_prep build --data-prefix ...` first")
     if len(parts) > 1:
         manifests = [(prefix, load_manifest(prefix)) for _, prefix in parts]
         first_prefix, first = manifests[0]
@@ -117,7 +117,7 @@ def check_build(data_path: str, seq_length: int) -> Manifest:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise DataError(f"data.data_path={data_path!r}: its manifest {manifest_path(data_path)} is unreadable "
                         f"({type(error).__name__}: {error}); rebuild it with `python -m data_prep build ... "
-                        f"--output-prefix {data_path}`") from None
+                        f"--data-prefix {data_path}`") from None
     if manifest.num_tokens < seq_length + 1:
         raise DataError(f"data.data_path={data_path!r} holds {manifest.num_tokens} training tokens, fewer than one "
                         f"sequence (model.seq_length + 1 = {seq_length + 1}); build it from more text, or lower "

@@ -139,7 +139,7 @@ def test_strict_turns_the_first_skip_into_an_error_naming_the_file(tok_path, tmp
     path.write_text('{"text": "ok"}\n{"oops": 1}\n')
     with pytest.raises(DataError, match=r"a.jsonl:line 2: missing_key"):
         run_build([str(path)], tok_path, tmp_path / "o" / "c", valid_docs=0, strict=True)
-    r = run_cli(["build", "--input", str(path), "--tokenizer", tok_path, "--output-prefix", str(tmp_path / "p" / "c"),
+    r = run_cli(["build", "--input", str(path), "--tokenizer", tok_path, "--data-prefix", str(tmp_path / "p" / "c"),
                  "--strict", "--valid-docs", "0"], timeout=120)
     assert r.returncode != 0 and "a.jsonl:line 2" in r.stderr
 
@@ -178,7 +178,7 @@ def test_killed_run_resumes_to_byte_identical_shards(tok_path, tmp_path):
     prefix = str(tmp_path / "res" / "c")
     work = str(tmp_path / "res" / ".c_work")
     env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.Popen([PY, "-m", "data_prep", *args, "--output-prefix", prefix], cwd=REPO, env=env,
+    proc = subprocess.Popen([PY, "-m", "data_prep", *args, "--data-prefix", prefix], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
@@ -193,7 +193,7 @@ def test_killed_run_resumes_to_byte_identical_shards(tok_path, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert not os.path.exists(prefix + "_manifest.json"), "run finished before it could be killed"
-    r = run_cli([*args, "--output-prefix", prefix], timeout=180)
+    r = run_cli([*args, "--data-prefix", prefix], timeout=180)
     assert r.returncode == 0, r.stderr
     assert "already done" in r.stderr and " (0 already done" not in r.stderr
     assert output_files(tmp_path / "res") == output_files(tmp_path / "ref")
@@ -204,7 +204,7 @@ def test_one_and_two_mpi_ranks_write_identical_shards(corpus, tok_path, tmp_path
     inputs, _ = corpus
     run_build(inputs, tok_path, tmp_path / "r1" / "c", num_shards=3, valid_docs=5, chunk_bytes=2000)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", PY, "-m", "data_prep", "build",
-           "--tokenizer", tok_path, "--output-prefix", str(tmp_path / "r2" / "c"), "--num-shards", "3",
+           "--tokenizer", tok_path, "--data-prefix", str(tmp_path / "r2" / "c"), "--num-shards", "3",
            "--valid-docs", "5", "--chunk-bytes", "2000", "--no-progress"]
     for i in inputs:
         cmd += ["--input", i]

@@ -19,7 +19,7 @@ def tok_path(tmp_path_factory):
 
 
 def build_cli(inputs, tok, prefix, *extra):
-    args = ["build", "--tokenizer", str(tok), "--output-prefix", str(prefix), "--no-progress", *extra]
+    args = ["build", "--tokenizer", str(tok), "--data-prefix", str(prefix), "--no-progress", *extra]
     for i in inputs:
         args += ["--input", str(i)]
     return run_cli(args, timeout=180)
@@ -79,7 +79,7 @@ def test_full_disk_names_the_output_path_and_the_fix(tok_path, tmp_path, tiny_di
     src = write_jsonl(str(tmp_path / "big.jsonl"), make_docs(2000, seed=3, min_words=100, max_words=200))
     line = the_error_line(build_cli([src], tok_path, tiny_disk / "c"))
     assert f"{tiny_disk}/" in line and "No space left on device" in line
-    assert "fix:" in line and "--output-prefix" in line
+    assert "fix:" in line and "--data-prefix" in line
 
 
 def test_file_size_limit_names_the_output_path(tok_path, tmp_path):
@@ -91,7 +91,7 @@ def test_file_size_limit_names_the_output_path(tok_path, tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
     src = write_jsonl(str(tmp_path / "big.jsonl"), make_docs(2000, seed=3, min_words=100, max_words=200))
-    args = ["build", "--tokenizer", tok_path, "--output-prefix", str(tmp_path / "o" / "c"), "--no-progress",
+    args = ["build", "--tokenizer", tok_path, "--data-prefix", str(tmp_path / "o" / "c"), "--no-progress",
             "--input", src]
     line = the_error_line(run_cli(args, timeout=180, preexec_fn=limit_file_size))
     assert f"{tmp_path / 'o'}/" in line and "File too large" in line and "fix:" in line
@@ -104,3 +104,18 @@ def test_txt_input_with_only_invalid_utf8_suggests_the_text_file_fixes(tok_path,
     line = the_error_line(build_cli([src], tok_path, tmp_path / "o" / "c"))
     assert "invalid_utf8: 1" in line and "latin1.txt" in line and "--invalid-utf8 replace" in line
     assert "--jsonl-key" not in line
+
+
+def test_build_without_a_data_prefix_names_the_flag(tok_path, tmp_path):
+    src = write_jsonl(str(tmp_path / "d.jsonl"), ["hello"])
+    line = the_error_line(run_cli(["build", "--tokenizer", tok_path, "--input", src]))
+    assert line.endswith("error: the following arguments are required: --data-prefix")
+
+
+def test_the_old_output_prefix_still_builds_and_warns_with_the_new_name(tok_path, tmp_path):
+    src = write_jsonl(str(tmp_path / "d.jsonl"), make_docs(20))
+    proc = run_cli(["build", "--tokenizer", tok_path, "--input", src, "--output-prefix", str(tmp_path / "o" / "c"),
+                    "--valid-docs", "1", "--no-progress"], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "data_prep: warning: --output-prefix is deprecated: write --data-prefix (the same value)" in proc.stderr
+    assert (tmp_path / "o" / "c_manifest.json").is_file()

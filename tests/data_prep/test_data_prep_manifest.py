@@ -56,7 +56,7 @@ def test_verify_shards_names_a_missing_shard_and_the_rebuild_command(built, tmp_
         load_manifest(str(copy)).verify_shards()
     msg = str(err.value)
     assert f"{copy}_00001_text_document.idx" in msg and "python -m data_prep build" in msg
-    assert f"--output-prefix {copy}" in msg and "\n" not in msg
+    assert f"--data-prefix {copy}" in msg and "\n" not in msg
 
 
 def test_verify_shards_names_a_truncated_shard(built, tmp_path):

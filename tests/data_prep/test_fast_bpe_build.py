@@ -89,5 +89,5 @@ def test_inspect_names_the_encoder_that_produced_the_shards(styled, tmp_path, ca
 
 def test_cli_rejects_an_unknown_special_tokens_mode(styled, tmp_path):
     r = run_cli(["build", "--input", write_jsonl(str(tmp_path / "d.jsonl"), ["x"]), "--tokenizer", styled["gpt2"],
-                 "--output-prefix", str(tmp_path / "o"), "--special-tokens", "maybe"])
+                 "--data-prefix", str(tmp_path / "o"), "--special-tokens", "maybe"])
     assert r.returncode == 2 and "--special-tokens" in r.stderr and "Traceback" not in r.stderr

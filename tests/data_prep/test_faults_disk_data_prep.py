@@ -29,7 +29,7 @@ def corpora(tmp_path_factory):
 
 
 def build(src, tok, prefix) -> subprocess.CompletedProcess:
-    return run_cli(["build", "--tokenizer", str(tok), "--output-prefix", str(prefix), "--no-progress",
+    return run_cli(["build", "--tokenizer", str(tok), "--data-prefix", str(prefix), "--no-progress",
                     "--num-shards", "2", "--input", str(src)], timeout=300)
 
 
@@ -48,7 +48,7 @@ def test_full_disk_while_tokenising_removes_the_partial_file_and_keeps_the_earli
 
     assert f"{disk.path}/b/.big_work/u000000.tok: No space left on device while writing" in line
     assert "needs more than the" in line and "written before the failure" in line and " free)" in line
-    assert "removed the partial u000000.tok.partial" in line and "--output-prefix" in line
+    assert "removed the partial u000000.tok.partial" in line and "--data-prefix" in line
     assert partials(disk.path) == []
     assert file_hashes(disk.path / "a") == before
 
@@ -80,7 +80,7 @@ def test_read_only_output_disk_is_one_line_exit_2_and_touches_nothing(tok_path, 
     line = the_error_line(build(corpora["small"], tok_path, disk.path / "b" / "small"))
 
     assert f"{disk.path}/b" in line and "Read-only file system while writing" in line
-    assert "fix: make" in line and "writable" in line and "--output-prefix" in line
+    assert "fix: make" in line and "writable" in line and "--data-prefix" in line
     assert file_hashes(disk.path) == before
 
 

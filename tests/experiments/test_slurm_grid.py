@@ -61,7 +61,7 @@ def test_paper_dry_run_submits_data_then_one_array_per_size_and_method_one_eval_
     runs = len(TABLE1_SIZES) * len(SHIPPED_METHODS)
     assert len(commands) == 1 + runs + runs * len(PAPER_SEEDS) + 1
     assert f"# dry run: {len(commands)} sbatch command(s), nothing submitted" in stdout
-    assert "slurm/data_prep.sh" in commands["DATA"] and f"OUTPUT_PREFIX={root / 'shards' / 'owt'}" in commands["DATA"]
+    assert "slurm/data_prep.sh" in commands["DATA"] and f"DATA_PREFIX={root / 'shards' / 'owt'}" in commands["DATA"]
     for size in TABLE1_SIZES:
         for method in SHIPPED_METHODS:
             train = commands[f"TRAIN_{size}_{method}".upper()]
@@ -121,6 +121,13 @@ def test_bad_grid_arguments_are_one_line_naming_the_flag(tmp_path, capsys, args,
     assert err.startswith(message) and err.count("\n") == 1, err
 
 
+def test_the_former_name_of_the_baseline_is_refused_naming_the_current_one(tmp_path, capsys):
+    assert grid_main(["--slurm", "--dry-run", "--output", str(tmp_path / "grid"), "--methods", "rope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --methods rope: the paper grid has methods baseline,") and err.count("\n") == 1
+    assert err.rstrip().endswith("; rope is now baseline (one name for the baseline everywhere)")
+
+
 def test_a_submission_without_shards_or_the_means_to_build_them_is_refused(tmp_path, capsys):
     assert grid_main(["--slurm", "--output", str(tmp_path / "grid"), "--data-prefix", "/nonexistent/owt"]) == 2
     err = capsys.readouterr().err
@@ -136,12 +143,15 @@ def test_a_seed_given_as_a_count_is_refused_with_the_num_seeds_hint(tmp_path, ca
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_dry_run_plans_before_the_shards_exist_and_says_so(tmp_path):
+def test_a_dry_run_before_the_shards_exist_plans_then_refuses_as_the_submission_does(tmp_path):
     proc = reproduce("--dry-run", "--sizes", "10m", "--methods", "posaug", "--num-seeds", "1", "--output",
                      str(tmp_path / "grid"), "--data-prefix", str(tmp_path / "owt"), timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert re.search(r"^10m_posaug ", proc.stdout, re.M)
-    assert f"# note: no shards at {tmp_path / 'owt'} yet" in proc.stdout
+    assert re.search(r"^10m_posaug ", proc.stdout, re.M)  # the plan and the commands come first
+    assert "# dry run: " in proc.stdout and "nothing submitted" in proc.stdout
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr == (f"error: no shards at --data-prefix {tmp_path / 'owt'} (no manifest): pass --corpus and "
+                           "--tokenizer to build them in a data_prep job first, or the prefix of existing shards\n")
+    assert not (tmp_path / "grid").exists()
 
 
 def test_status_of_a_grid_never_submitted_says_how_to_submit_it(tmp_path, capsys):
@@ -168,7 +178,8 @@ def test_cpu_preset_dry_run_trains_on_cpu_nodes_and_the_users_sbatch_options_com
 
 def test_a_launchers_run_name_pattern_takes_each_array_tasks_seed(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    env.update(RUN_NAME="tiny_rfs_seed{seed}", SEEDS="42 137", SLURM_ARRAY_TASK_ID="1", OUTPUT_DIR=str(tmp_path))
+    env.update(RUN_NAME="tiny_rfs_seed{seed}", SEEDS="42 137", SLURM_ARRAY_TASK_ID="1", OUTPUT_DIR=str(tmp_path),
+               SYNTHETIC_DATA="1")  # without data the dry run ends with the pre-flight refusal (exit 2)
     proc = subprocess.run(["bash", str(REPO / "slurm" / "pretrain_10m_rfs.sh"), "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

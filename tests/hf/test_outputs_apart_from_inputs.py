@@ -76,6 +76,6 @@ def test_data_prep_build_refuses_shards_written_into_its_input_directory(tmp_pat
     corpus.mkdir()
     (corpus / "a.txt").write_text("hello world\n")
     line = one_error_line(cli("data_prep", "build", "--input", str(corpus), "--tokenizer", str(tmp_path / "tok.json"),
-                              "--output-prefix", str(corpus / "shards")))
-    assert f"--output-prefix {corpus / 'shards'} is inside --input {corpus}" in line
+                              "--data-prefix", str(corpus / "shards")))
+    assert f"--data-prefix {corpus / 'shards'} is inside --input {corpus}" in line
     assert sorted(p.name for p in corpus.iterdir()) == ["a.txt"]

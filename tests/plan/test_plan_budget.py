@@ -47,7 +47,7 @@ def test_plan_budget_chinchilla_trains_twenty_tokens_per_parameter(capsys):
 
 def test_the_launchers_budget_switch_sets_the_tokens_in_the_trainer_command():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    env.update(BUDGET="chinchilla", PYTHONPATH=str(REPO))
+    env.update(BUDGET="chinchilla", PYTHONPATH=str(REPO), SYNTHETIC_DATA="1")  # without data a dry run refuses
     proc = subprocess.run(["bash", str(REPO / "slurm" / "pretrain_10m_posaug.sh"), "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -14,7 +14,9 @@ def dry_run(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     import sys
 
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    env = {**keep, "PYTHON": sys.executable, "PRETRAIN_PLAN_CACHE": str(tmp_path / "cache"), **env}
+    # synthetic data: without data a dry run ends with the pre-flight refusal (exit 2)
+    env = {**keep, "PYTHON": sys.executable, "PRETRAIN_PLAN_CACHE": str(tmp_path / "cache"), "SYNTHETIC_DATA": "1",
+           **env}
     return subprocess.run(["bash", str(LAUNCHER), "--dry-run", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
 

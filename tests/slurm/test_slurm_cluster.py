@@ -92,7 +92,7 @@ def data(tmp_path_factory):
     data_prep("embedded-corpus", "--output", str(root / "corpus"), "--max-bytes", "200000")
     data_prep("train-tokenizer", "--input", str(root / "corpus"), "--output", str(root / "tok"),
               "--kind", "sentencepiece-bpe", "--vocab-size", "512")
-    data_prep("build", *BUILD_ARGS(root), "--output-prefix", str(root / "local" / "c"), "--workers", "1")
+    data_prep("build", *BUILD_ARGS(root), "--data-prefix", str(root / "local" / "c"), "--workers", "1")
     return root
 
 
@@ -175,7 +175,7 @@ def test_data_prep_batch_script_with_two_mpi_ranks_writes_the_local_runs_shards(
     extra = " ".join(args[args.index("--chunk-bytes"):])  # everything but input, tokenizer, shards
     code, log = sbatch_wait(SLURM / "data_prep.sh", ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1"],
                             tmp_path, 300, INPUT=str(data / "corpus"), TOKENIZER=str(data / "tok"),
-                            OUTPUT_PREFIX=str(tmp_path / "slurm" / "c"), NUM_SHARDS="3", WORKERS="1",
+                            DATA_PREFIX=str(tmp_path / "slurm" / "c"), NUM_SHARDS="3", WORKERS="1",
                             DATA_PREP_ARGS=extra)
     assert code == 0, log[-5000:]
     assert "x 2 rank(s)" in log
@@ -189,7 +189,8 @@ def test_data_prep_batch_script_with_two_mpi_ranks_writes_the_local_runs_shards(
 def test_job_array_runs_one_task_per_seed(cluster, tmp_path):
     code, _ = sbatch_wait(SLURM / "pretrain_10m_rfs.sh",
                           ["--array=0-2", "--gpus-per-node=0", "--ntasks-per-node=1", "--cpus-per-task=1",
-                           "--time=10", f"--output={tmp_path}/array-%A_%a.out"], tmp_path, 240, DRY_RUN="1")
+                           "--time=10", f"--output={tmp_path}/array-%A_%a.out"], tmp_path, 240, DRY_RUN="1",
+                          SYNTHETIC_DATA="1")  # without data the dry run ends with the pre-flight refusal
     # --time=10: above the launcher's 300 s USR1 lead, which would stop the dry run's pre-flight check
     assert code == 0
     seeds = {}

@@ -31,7 +31,7 @@ def clean_env(**extra: str) -> dict:
 
 LAUNCHER_VARS = {"POSAUG_ROOT", "PYTHON", "CONFIG", "DATA_PREFIX", "SYNTHETIC_DATA", "OUTPUT_DIR", "RUN_NAME",
                  "RUN_DIR", "SEED", "SEEDS", "TP", "PP", "DP", "OVERRIDES", "CONTAINER_IMAGE", "CONTAINER_MOUNTS",
-                 "TASKS_PER_NODE", "RDZV_PORT", "RDZV_ADDR", "MASTER_PORT", "MASTER_ADDR", "REQUEUE", "DRY_RUN", "NNODES", "GPUS_PER_NODE",
+                 "TASKS_PER_NODE", "RDZV_PORT", "RDZV_ADDR", "MASTER_PORT", "MASTER_ADDR", "REQUEUE", "DRY_RUN", "NNODES", "GPUS_PER_NODE", "CPUS_PER_TASK",
                  "INPUT", "TOKENIZER", "OUTPUT_PREFIX", "NUM_SHARDS", "WORKERS", "DATA_PREP_ARGS"}
 
 
@@ -41,6 +41,9 @@ def run(args: list[str], cwd: Path = REPO, **env: str) -> subprocess.CompletedPr
 
 
 def dry_run(launcher: str, *args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    """A dry run; synthetic data unless DATA_PREFIX is given (without data the dry run refuses, exit 2)."""
+    if "DATA_PREFIX" not in env:
+        env.setdefault("SYNTHETIC_DATA", "1")
     return run(["bash", str(SLURM / launcher), "--dry-run", *args], cwd=cwd, **env)
 
 
@@ -89,14 +92,14 @@ def test_dry_run_needs_no_gpu_request_to_plan_a_cpu_run():
     assert "model.transformer_impl=local model.bf16=false" in command_line(result.stdout)
 
 
-def test_environment_overrides_reach_the_trainer_command(tmp_path):
-    result = dry_run("pretrain_425m_rfs.sh", "--set", "optimizer.lr=1e-3", DATA_PREFIX="/data/owt/owt",
+def test_environment_overrides_reach_the_trainer_command(tmp_path, tiny_shards):
+    result = dry_run("pretrain_425m_rfs.sh", "--set", "optimizer.lr=1e-3", DATA_PREFIX=tiny_shards,
                      OUTPUT_DIR=str(tmp_path), SEED="7", TP="2", PP="2", PYTHON="/opt/py/bin/python",
                      OVERRIDES="schedule.train_iters=10 logging.log_interval=1")
     assert result.returncode == 0, result.stderr
     command = command_line(result.stdout)
     assert command.split(" srun ")[1].split()[-1] == "optimizer.lr=1e-3"  # launcher arguments come last
-    for expected in ("/opt/py/bin/python -m pretrain train", "data.data_path=/data/owt/owt", "seed=7",
+    for expected in ("/opt/py/bin/python -m pretrain train", f"data.data_path={tiny_shards}", "seed=7",
                      f"checkpoint.save={tmp_path}/425m_rfs_seed7", "parallel.tensor_model_parallel_size=2",
                      "parallel.pipeline_model_parallel_size=2", "schedule.train_iters=10 logging.log_interval=1"):
         assert expected in command
@@ -117,14 +120,25 @@ def test_array_task_id_selects_the_seed(task, seed):
     assert f"name=42m_warp_seed{seed} seed={seed}" in command_line(result.stdout)
 
 
-def test_container_image_runs_the_step_in_pyxis_with_the_checkout_mounted():
+def test_container_image_runs_the_step_in_pyxis_with_the_checkout_mounted(tiny_shards):
+    # the host's python3 may lack torch (the container has it): the check is then a warning, not a refusal
     result = dry_run("pretrain_10m_baseline.sh", CONTAINER_IMAGE="nvcr.io#nvidia/pytorch:24.09-py3",
-                     DATA_PREFIX="/data/owt/owt")
+                     DATA_PREFIX=tiny_shards)
     assert result.returncode == 0, result.stderr
     argv = shlex.split(command_line(result.stdout).split(":", 1)[1])  # the line is shell-quoted (printf %q)
     assert "--container-image=nvcr.io#nvidia/pytorch:24.09-py3" in argv
-    assert f"--container-mounts={REPO},{REPO}/runs,/data/owt" in argv
+    assert f"--container-mounts={REPO},{REPO}/runs,{Path(tiny_shards).parent}" in argv
     assert argv[argv.index(f"{REPO}/slurm/rank_env.sh") + 1] == "python3"  # the container's, not the host venv
+
+
+def test_a_dry_run_without_data_prints_the_command_then_refuses_with_exit_2():
+    result = run(["bash", str(SLURM / "pretrain_10m_posaug.sh"), "--dry-run"])
+    assert " srun " in command_line(result.stdout)
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("refused before submitting (dry run, nothing queued): error: "
+                                          "data.data_path is missing: pass the data_prep --data-prefix (e.g. "
+                                          "--set data.data_path=data/owt) or set data.synthetic=true")
+    assert result.stderr.count("\n") == 1
 
 
 def test_launcher_outside_a_job_checks_before_it_submits():
@@ -143,15 +157,21 @@ def test_launcher_finds_the_project_from_another_directory(tmp_path):
 
 def test_data_prep_dry_run_prints_an_srun_pmix_command():
     result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], INPUT="/data/a /data/b.jsonl",
-                 TOKENIZER="/data/tok", OUTPUT_PREFIX="/data/shards/owt", NUM_SHARDS="16")
+                 TOKENIZER="/data/tok", DATA_PREFIX="/data/shards/owt", NUM_SHARDS="16")
     assert result.returncode == 0, result.stderr
     command = command_line(result.stdout)
     assert "srun --nodes=2 --ntasks=8 --cpus-per-task=8 --mpi=pmix" in command
-    assert ("-m data_prep build --tokenizer /data/tok --output-prefix /data/shards/owt --workers 8 --mpi "
+    assert ("-m data_prep build --tokenizer /data/tok --data-prefix /data/shards/owt --workers 8 --mpi "
             "--no-progress --input /data/a --input /data/b.jsonl --num-shards 16") in command
 
 
 def test_data_prep_requires_its_inputs():
-    result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], TOKENIZER="/t", OUTPUT_PREFIX="/o/p")
-    assert result.returncode != 0
-    assert "set INPUT" in result.stderr
+    result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], TOKENIZER="/t", DATA_PREFIX="/o/p")
+    assert result.returncode == 2
+    assert result.stderr == "set INPUT to the corpus file(s)/directory(ies)\n"
+
+
+def test_data_prep_refuses_the_old_output_prefix_naming_data_prefix():
+    result = run(["bash", str(SLURM / "data_prep.sh"), "--dry-run"], INPUT="/i", TOKENIZER="/t", OUTPUT_PREFIX="/o/p")
+    assert result.returncode == 2
+    assert result.stderr == "OUTPUT_PREFIX is now DATA_PREFIX (the training launchers' name): DATA_PREFIX=/o/p\n"

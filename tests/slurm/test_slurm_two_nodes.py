@@ -286,9 +286,9 @@ def test_data_prep_with_one_mpi_rank_per_node_writes_the_one_rank_shards(two_nod
               "--kind", "sentencepiece-bpe", "--vocab-size", "512")
     shared = ["--num-shards", "3", "--chunk-bytes", "20000"]
     data_prep("build", "--input", str(tmp_path / "corpus"), "--tokenizer", str(tmp_path / "tok"), *shared,
-              "--output-prefix", str(tmp_path / "one" / "c"), "--workers", "1", "--no-progress")
+              "--data-prefix", str(tmp_path / "one" / "c"), "--workers", "1", "--no-progress")
     job_id = two_node_submit(SLURM / "data_prep.sh", NODES_2x1, tmp_path, INPUT=str(tmp_path / "corpus"),
-                             TOKENIZER=str(tmp_path / "tok"), OUTPUT_PREFIX=str(tmp_path / "two" / "c"),
+                             TOKENIZER=str(tmp_path / "tok"), DATA_PREFIX=str(tmp_path / "two" / "c"),
                              NUM_SHARDS="3", WORKERS="1", DATA_PREP_ARGS="--chunk-bytes 20000")
     job = two_node_wait(job_id, tmp_path, 180)
     log = two_node_log(tmp_path, job_id)

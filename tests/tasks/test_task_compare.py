@@ -43,30 +43,30 @@ def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin():
 
 
 def test_findings_say_which_methods_beat_and_which_do_not_beat_the_baseline():
-    summary = {"copy": {"rope": row(0.99, 0.10), "rfs": row(0.99, 0.40), "rpe": row(0.99, 0.11)}}
-    text = baseline_findings(summary, ["rope", "rfs", "rpe"])[0]
+    summary = {"copy": {"baseline": row(0.99, 0.10), "rfs": row(0.99, 0.40), "rpe": row(0.99, 0.11)}}
+    text = baseline_findings(summary, ["baseline", "rfs", "rpe"])[0]
     assert "rfs beats it" in text and "rpe does not beat it" in text and "did not learn" not in text
 
 
 def test_findings_flag_a_baseline_below_95_percent_on_seen_lengths():
-    text = baseline_findings({"copy": {"rope": row(0.80, 0.0)}}, ["rope"])[0]
+    text = baseline_findings({"copy": {"baseline": row(0.80, 0.0)}}, ["baseline"])[0]
     assert "did not learn the task in distribution" in text
 
 
 def test_findings_report_a_method_that_loses_accuracy_in_distribution():
-    text = baseline_findings({"copy": {"rope": row(0.99, 0.1), "posaug": row(0.70, 0.1)}}, ["rope", "posaug"])[0]
+    text = baseline_findings({"copy": {"baseline": row(0.99, 0.1), "posaug": row(0.70, 0.1)}}, ["baseline", "posaug"])[0]
     assert "in distribution it loses 29.0 points" in text
 
 
 def test_paper_comparison_calls_a_reversed_difference_opposite():
     # Warping Table A: warp 43.2 vs RoPE 19.2 on copy (all lengths); here warp is far worse.
-    summary = {"copy": {"rope": row(1.0, 0.5, (1.0, 1.0, 1.0, 1.0)), "warp": row(1.0, 0.0, (1.0, 0.0, 0.0, 0.0))}}
-    lines = [line for line in paper_comparison(summary, count=200) if "warp vs rope" in line]
+    summary = {"copy": {"baseline": row(1.0, 0.5, (1.0, 1.0, 1.0, 1.0)), "warp": row(1.0, 0.0, (1.0, 0.0, 0.0, 0.0))}}
+    lines = [line for line in paper_comparison(summary, count=200) if "warp vs baseline" in line]
     assert len(lines) == 1 and "opposite direction" in lines[0]
 
 
 def test_paper_comparison_skips_pairs_this_run_did_not_measure():
-    assert paper_comparison({"copy": {"rope": row(1.0, 0.1)}}, count=200) == []
+    assert paper_comparison({"copy": {"baseline": row(1.0, 0.1)}}, count=200) == []
 
 
 def test_all_lengths_mean_starts_at_length_two_like_the_warping_paper():
@@ -116,16 +116,16 @@ def test_reach_is_the_longest_length_before_accuracy_first_drops_below_half():
 def test_nope_findings_sort_augmentations_above_within_and_below_nope():
     from pretrain.tasks.compare import nope_findings
 
-    summary = {"copy": {"rope": row(1.0, 0.0), "nope": row(1.0, 0.3), "rfs": row(1.0, 0.6), "rpe": row(1.0, 0.31), "warp": row(1.0, 0.1)}}
-    text = nope_findings(summary, ["rope", "rfs", "rpe", "warp", "nope"])[0]
+    summary = {"copy": {"baseline": row(1.0, 0.0), "nope": row(1.0, 0.3), "rfs": row(1.0, 0.6), "rpe": row(1.0, 0.31), "warp": row(1.0, 0.1)}}
+    text = nope_findings(summary, ["baseline", "rfs", "rpe", "warp", "nope"])[0]
     assert "above it rfs;" in text and "within 2 SE rpe;" in text and "below it warp." in text
 
 
 def test_a_task_the_baseline_did_not_learn_gets_no_verdict_against_nope_or_the_papers():
     from pretrain.tasks.compare import nope_findings
 
-    summary = {"copy": {"rope": row(0.80, 0.0), "nope": row(0.9, 0.3), "rfs": row(0.9, 0.6),
+    summary = {"copy": {"baseline": row(0.80, 0.0), "nope": row(0.9, 0.3), "rfs": row(0.9, 0.6),
                         "warp": row(0.9, 0.6, (1.0, 1.0, 1.0, 1.0))}}
-    assert nope_findings(summary, ["rope", "rfs", "nope"]) == []
+    assert nope_findings(summary, ["baseline", "rfs", "nope"]) == []
     assert paper_comparison(summary, count=200) == []
-    assert "rfs beats" not in baseline_findings(summary, ["rope", "rfs"])[0]
+    assert "rfs beats" not in baseline_findings(summary, ["baseline", "rfs"])[0]

@@ -32,7 +32,7 @@ def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
     first = reproduce_tasks(tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["methods"] == ["rope", "posaug", "rfs", "rpe", "warp", "nope", "alibi", "rfs_alibi"]
+    assert results["methods"] == ["baseline", "posaug", "rfs", "rpe", "warp", "nope", "alibi", "rfs_alibi"]
     for record in results["records"]:
         assert [r["length"] for r in record["lengths"]] == list(range(1, 13))
         assert all(0.0 <= r["accuracy"] <= 1.0 for r in record["lengths"])
@@ -49,29 +49,35 @@ def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
 
 
 def test_unknown_method_is_one_line_and_exit_code_2(tmp_path):
-    proc = reproduce_tasks(tmp_path, "--methods", "rope", "kerple")
+    proc = reproduce_tasks(tmp_path, "--methods", "baseline", "kerple")
     assert proc.returncode == 2 and "kerple" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_former_method_name_rope_is_refused_naming_baseline(tmp_path):
+    proc = reproduce_tasks(tmp_path, "--methods", "rope")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert "rope is now baseline" in proc.stderr
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_two_seeds_report_mean_and_spread_and_a_report_only_rerun_trains_nothing(tmp_path):
-    first = reproduce_tasks(tmp_path, "--num-seeds", "2", "--methods", "rope", "rfs")
+    first = reproduce_tasks(tmp_path, "--num-seeds", "2", "--methods", "baseline", "rfs")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["seeds"] == [42, 137]
     unseen = results["summary"]["copy"]["rfs"]["unseen"]
     assert [p["seed"] for p in unseen["per_seed"]] == [42, 137] and unseen["sd"] >= 0.0
-    again = reproduce_tasks(tmp_path, "--num-seeds", "2", "--methods", "rope", "rfs", "--report-only")
+    again = reproduce_tasks(tmp_path, "--num-seeds", "2", "--methods", "baseline", "rfs", "--report-only")
     assert again.returncode == 0 and "to train" not in again.stdout and "[eval" not in again.stdout
 
 
 def test_every_training_invocation_is_recorded_and_a_report_only_one_is_not(tmp_path):
-    first = reproduce_tasks(tmp_path, "--methods", "rope")
+    first = reproduce_tasks(tmp_path, "--methods", "baseline")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    second = reproduce_tasks(tmp_path, "--methods", "rope", "nope")
+    second = reproduce_tasks(tmp_path, "--methods", "baseline", "nope")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert reproduce_tasks(tmp_path, "--methods", "rope", "nope", "--report-only").returncode == 0
+    assert reproduce_tasks(tmp_path, "--methods", "baseline", "nope", "--report-only").returncode == 0
     invocations = json.loads((tmp_path / "timing" / "invocations.json").read_text())
     assert [r["runs_trained"] for r in invocations] == [1, 1] and all(r["wall_s"] > 0 for r in invocations)
     assert "in 2 invocation(s) on this output directory" in (tmp_path / "report.md").read_text()
@@ -85,7 +91,7 @@ def test_report_only_without_evaluations_is_one_line_and_exit_code_2(tmp_path):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_the_papers_protocol_trains_to_40_and_evaluates_41_to_500_scaled_down(tmp_path):
-    proc = reproduce_tasks(tmp_path, "--tasks", "copy", "--methods", "rope", "rpe", "--train-iters", "2",
+    proc = reproduce_tasks(tmp_path, "--tasks", "copy", "--methods", "baseline", "rpe", "--train-iters", "2",
                            "--eval-count", "2", "--eval-stride", "92", preset="papers-protocol")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from conftest import REPO
 from pretrain.tasks.evaluate import LengthResult, summarize
 from pretrain.tasks.verdict import aggregate, best, exceeds, gate, ranking
 
@@ -29,17 +30,17 @@ def results_file(tmp_path, records):
 
 
 def test_seeds_are_averaged_with_their_standard_deviation_and_each_seeds_binomial_se():
-    summary = aggregate([record("copy", "rope", 42, 1.0, 0.2), record("copy", "rope", 137, 1.0, 0.4)])
-    unseen = summary["copy"]["rope"]["unseen"]
+    summary = aggregate([record("copy", "baseline", 42, 1.0, 0.2), record("copy", "baseline", 137, 1.0, 0.4)])
+    unseen = summary["copy"]["baseline"]["unseen"]
     assert unseen["accuracy"] == pytest.approx(0.3)
     assert unseen["sd"] == pytest.approx(math.sqrt(0.02))  # sample sd of 0.2 and 0.4
     assert [p["seed"] for p in unseen["per_seed"]] == [42, 137]
     assert unseen["per_seed"][0]["se"] == pytest.approx(math.sqrt(0.2 * 0.8 / 100) / math.sqrt(2))
-    assert summary["copy"]["rope"]["accuracy"] == pytest.approx([1.0, 1.0, 0.3, 0.3])
+    assert summary["copy"]["baseline"]["accuracy"] == pytest.approx([1.0, 1.0, 0.3, 0.3])
 
 
 def test_one_seed_has_zero_spread():
-    unseen = aggregate([record("copy", "rope", 42, 1.0, 0.2)])["copy"]["rope"]["unseen"]
+    unseen = aggregate([record("copy", "baseline", 42, 1.0, 0.2)])["copy"]["baseline"]["unseen"]
     assert unseen["sd"] == 0.0 and unseen["token_sd"] == 0.0
 
 
@@ -49,25 +50,26 @@ def test_per_token_accuracy_is_averaged_over_unseen_lengths_beside_exact_match()
 
 
 def test_a_task_whose_baseline_misses_95_percent_seen_fails_the_gate(tmp_path):
-    records = results_file(tmp_path, [record("copy", "rope", 42, 0.99, 0.0), record("sort", "rope", 42, 0.90, 0.0)])
+    records = results_file(tmp_path, [record("copy", "baseline", 42, 0.99, 0.0),
+                                      record("sort", "baseline", 42, 0.90, 0.0)])
     verdict = gate(aggregate(records))
     assert verdict["copy"]["passed"] and not verdict["sort"]["passed"]
     assert verdict["sort"]["seen"] == pytest.approx(0.90)
 
 
 def test_the_gate_is_on_the_mean_over_seeds():
-    records = [record("copy", "rope", 42, 0.99, 0.0), record("copy", "rope", 137, 0.90, 0.0)]
+    records = [record("copy", "baseline", 42, 0.99, 0.0), record("copy", "baseline", 137, 0.90, 0.0)]
     assert not gate(aggregate(records))["copy"]["passed"]  # mean 0.945
 
 
 def test_a_task_that_fails_the_gate_is_left_out_of_the_ranking(tmp_path):
     records = results_file(tmp_path, [
-        record("copy", "rope", 42, 1.0, 0.1), record("copy", "rfs", 42, 1.0, 0.8),
-        record("sort", "rope", 42, 0.5, 0.0), record("sort", "rfs", 42, 0.5, 0.9)])
-    ranked = ranking(aggregate(records), ["rope", "rfs"])
+        record("copy", "baseline", 42, 1.0, 0.1), record("copy", "rfs", 42, 1.0, 0.8),
+        record("sort", "baseline", 42, 0.5, 0.0), record("sort", "rfs", 42, 0.5, 0.9)])
+    ranked = ranking(aggregate(records), ["baseline", "rfs"])
     assert ranked[0]["tasks"] == ["copy"]
-    assert [(e["method"], e["mean"]) for e in ranked] == [("rfs", pytest.approx(0.8)), ("rope", pytest.approx(0.1))]
-    assert ranked[0]["beats_rope"] == ["copy"]
+    assert [(e["method"], e["mean"]) for e in ranked] == [("rfs", pytest.approx(0.8)), ("baseline", pytest.approx(0.1))]
+    assert ranked[0]["beats_baseline"] == ["copy"]
 
 
 def test_the_report_marks_an_unlearned_task_and_bolds_nothing_in_its_row(tmp_path):
@@ -75,9 +77,9 @@ def test_the_report_marks_an_unlearned_task_and_bolds_nothing_in_its_row(tmp_pat
     from pretrain.tasks.report import write_report
 
     records = [record(t, m, s, seen, unseen) for s in (42, 137)
-               for t, m, seen, unseen in (("copy", "rope", 1.0, 0.1), ("copy", "rfs", 1.0, 0.8),
-                                          ("sort", "rope", 0.5, 0.0), ("sort", "rfs", 0.5, 0.9))]
-    preset = dataclasses.replace(PRESETS["cpu-tiny"], methods=("rope", "rfs"), tasks={"copy": (1, 2), "sort": (1, 2)})
+               for t, m, seen, unseen in (("copy", "baseline", 1.0, 0.1), ("copy", "rfs", 1.0, 0.8),
+                                          ("sort", "baseline", 0.5, 0.0), ("sort", "rfs", 0.5, 0.9))]
+    preset = dataclasses.replace(PRESETS["cpu-tiny"], methods=("baseline", "rfs"), tasks={"copy": (1, 2), "sort": (1, 2)})
     timing = {"wall_s": 1, "train_cpu_s": 1, "eval_cpu_s": 1, "jobs": 1, "cores": 2, "runs": 4,
               "train_runs_timed": 4, "load_start": "1", "load_end": "1"}
     text = write_report(tmp_path, "hand-made", preset, records, [42, 137], timing).read_text()
@@ -108,8 +110,22 @@ def test_an_advantage_within_two_binomial_ses_is_not_a_win_even_without_spread()
 
 
 def test_the_row_best_is_bolded_only_when_its_lead_over_the_runner_up_exceeds_the_spread():
-    rows = {"rope": {"unseen": part(0.1, 0.01)}, "rfs": {"unseen": part(0.8, 0.05)},
+    rows = {"baseline": {"unseen": part(0.1, 0.01)}, "rfs": {"unseen": part(0.8, 0.05)},
             "rpe": {"unseen": part(0.75, -0.05)}}
-    assert best(rows, ["rope", "rfs", "rpe"]) is None
+    assert best(rows, ["baseline", "rfs", "rpe"]) is None
     rows["rpe"]["unseen"] = part(0.5, 0.05)  # the same seed offsets as rfs: Δ 0.3 on both seeds
-    assert best(rows, ["rope", "rfs", "rpe"]) == "rfs"
+    assert best(rows, ["baseline", "rfs", "rpe"]) == "rfs"
+
+
+def test_stored_records_under_the_former_name_rope_count_as_the_baseline():
+    summary = aggregate([record("copy", "rope", 42, 1.0, 0.2), record("copy", "baseline", 137, 1.0, 0.4)])
+    assert list(summary["copy"]) == ["baseline"] and summary["copy"]["baseline"]["seeds"] == [42, 137]
+
+
+def test_the_stored_task_results_are_compared_against_the_baseline_as_before_the_rename():
+    from pretrain.experiments.rederive import task_comparisons
+
+    stored = json.loads((REPO / "benchmarks" / "results" / "tasks_cpu-small_seed42_results.json").read_text())
+    assert {r["method"] for r in stored["records"]} >= {"rope"}  # written before the rename, never rewritten
+    claims = task_comparisons(stored)
+    assert claims and all(c["claim"].endswith("vs baseline (unseen exact match)") for c in claims)

@@ -29,7 +29,7 @@ def repeated_word_shards(tiny_shards, tmp_path_factory) -> str:
     docs.write_text("".join(json.dumps({"text": " ".join([REPEATED_WORD] * 400)}) + "\n" for _ in range(40)))
     prefix = str(root / "shards" / "zebra")
     assert data_prep(["build", "--input", str(docs), "--tokenizer", load_manifest(tiny_shards).tokenizer_path,
-                      "--output-prefix", prefix, "--num-shards", "2", "--valid-docs", "4", "--no-progress"]) == 0
+                      "--data-prefix", prefix, "--num-shards", "2", "--valid-docs", "4", "--no-progress"]) == 0
     return prefix
 
 

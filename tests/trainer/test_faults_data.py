@@ -19,7 +19,7 @@ def test_build_with_fewer_tokens_than_one_sequence_exits_2(tiny_shards, tmp_path
     tokenizer = Path(tiny_shards).parents[1] / "tok" / "tokenizer.model"
     prefix = str(tmp_path / "short")
     assert data_prep(["build", "--input", str(tmp_path / "corpus"), "--tokenizer", str(tokenizer),
-                      "--output-prefix", prefix, "--valid-docs", "0", "--no-progress"]) == 0
+                      "--data-prefix", prefix, "--valid-docs", "0", "--no-progress"]) == 0
     line = one_error_line(run_train([*TINY_TRAIN, f"data.data_path={prefix}", "schedule.train_iters=4",
                                      f"checkpoint.save={tmp_path / 'run'}"], check=False))
     assert f"data.data_path={prefix!r}" in line and "fewer than one sequence" in line and "model.seq_length" in line
