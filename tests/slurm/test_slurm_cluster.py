@@ -131,7 +131,7 @@ def test_sbatch_113m_posaug_trains_on_two_cpu_ranks_to_a_checkpoint_with_tensorb
 @pytest.mark.parametrize("signal_name, target", [("USR1", ["--batch"]), ("TERM", [])], ids=["usr1-batch", "term-step"])
 def test_a_stop_signal_checkpoints_requeues_and_resumes_from_that_step(cluster, tmp_path, signal_name, target):
     env = job_env(SYNTHETIC_DATA="1", OUTPUT_DIR=str(tmp_path / "runs"),
-                  OVERRIDES=f"{TINY} schedule.train_iters=400 logging.log_interval=5 checkpoint.save_interval=1000")
+                  OVERRIDES=f"{TINY} schedule.train_iters=150 logging.log_interval=5 checkpoint.save_interval=1000")
     waiter = subprocess.Popen(["timeout", "400", "sbatch", "--wait", "--parsable", f"--output={tmp_path}/job-%j.out",
                                *CPU_JOB, str(SLURM / "pretrain_113m_posaug.sh")],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -140,7 +140,7 @@ def test_a_stop_signal_checkpoints_requeues_and_resumes_from_that_step(cluster, 
         deadline = time.time() + 240
         while time.time() < deadline:  # wait until training is under way, then preempt it
             logs = list(tmp_path.glob("job-*.out"))
-            if logs and "\n0: step 5/400 |" in logs[0].read_text():
+            if logs and "\n0: step 5/150 |" in logs[0].read_text():
                 log_file = logs[0]
                 break
             assert waiter.poll() is None, waiter.communicate()
@@ -158,16 +158,16 @@ def test_a_stop_signal_checkpoints_requeues_and_resumes_from_that_step(cluster, 
     saved = re.search(rf"\n0: received SIG{signal_name}: saved iteration (\d+), exiting with 75 for requeue", log)
     assert saved, log[-5000:]
     step = int(saved.group(1))
-    assert 5 <= step < 400
+    assert 5 <= step < 150
     assert ("received SIGUSR1: forwarding to the training step" in log) == (signal_name == "USR1")
     assert "the trainer saved a checkpoint on a stop signal (exit code 75)" in log
     assert f"requeueing job {job_id}" in log
     assert f"(job {job_id} restart 1) ====" in log  # the same job id, started again by SLURM
     assert f"\n0: resumed from iteration {step} (" in log
-    assert "\n0: step 400/400 |" in log
+    assert "\n0: step 150/150 |" in log
     run_dir = tmp_path / "runs" / "113m_posaug_seed42"
     assert (run_dir / f"iter_{step:07d}").is_dir()
-    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "400"
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "150"
 
 
 def test_data_prep_batch_script_with_two_mpi_ranks_writes_the_local_runs_shards(cluster, data, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import pretrain.tasks  # noqa: F401 (registers the task data source the trainer's config checks, as `python -m pretrain` does)
 from pretrain.trainer import config as config_module
 
 REPO = Path(__file__).resolve().parents[2]
