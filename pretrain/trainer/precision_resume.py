@@ -1,5 +1,9 @@
 """Resuming a checkpoint in the other parameter dtype (model.bf16 true <-> false).
 
+Reaches into Megatron-Core's checkpoint layout (its sharded optimizer-state keys and ChainedOptimizer.chained_optimizers,
+checked against megatron-core 0.16.1): not a promised API, so a changed layout fails the bitwise resume tests in
+tests/trainer/test_resume_precision.py.
+
 Both precisions checkpoint the same tensors under the same keys except for two things, which this module bridges:
 - Megatron's mixed-precision optimizer (bf16, no distributed optimizer) saves {'optimizer': Adam state,
   'fp32_from_fp16_params': fp32 main params}; the fp32 optimizer saves the Adam state alone. The Adam tensors
@@ -7,9 +11,8 @@ Both precisions checkpoint the same tensors under the same keys except for two t
   structure the checkpoint was saved with (its param groups and step live in common.pt under that structure).
 - The fp32 values of the weights live under `optimizer.state.fp32_param.<key>` in a bf16 checkpoint (the main
   params; `optimizer.state.param.<key>` in every distributed-optimizer checkpoint) and under `<key>` in a plain
-  fp32 one. A
-  bf16 -> fp32 resume takes its weights from the fp32 main params, not from the bf16-rounded copies; an
-  fp32 -> bf16 resume of the plain mixed-precision optimizer takes its main params from the fp32 weights.
+  fp32 one. A bf16 -> fp32 resume takes its weights from the fp32 main params, not from the bf16-rounded copies;
+  an fp32 -> bf16 resume of the plain mixed-precision optimizer takes its main params from the fp32 weights.
 So the resumed run continues from exactly the fp32 values the saved run was optimising.
 """
 
