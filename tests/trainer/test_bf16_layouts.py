@@ -33,7 +33,9 @@ def test_bf16_model_parallel_layout_trains_like_one_process_within_bf16_rounding
     assert got["losses"] == pytest.approx(one_process["losses"], abs=LOSS_TOLERANCE, rel=0)
     assert sorted(got["parameters"]) == sorted(one_process["parameters"])
     for name, value in one_process["parameters"].items():
-        torch.testing.assert_close(got["parameters"][name], value, rtol=0, atol=WEIGHT_TOLERANCE,
+        # plus one bf16 ulp of the weight itself (2^-8 relative): a norm weight near 1 that sits at a rounding
+        # boundary flips by 2^-8 = 0.0039 (final_layernorm.weight in the clean-clone run of 2026-11-27, TP and PP alike)
+        torch.testing.assert_close(got["parameters"][name], value, rtol=2 ** -8, atol=WEIGHT_TOLERANCE,
                                    msg=lambda m: f"{name}: {m}")
 
 
