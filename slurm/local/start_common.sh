@@ -50,8 +50,10 @@ JobRequeue=1
 ReturnToService=2
 SlurmctldTimeout=30
 InactiveLimit=0
-# Finished jobs stay visible to "scontrol show job" for 5 minutes (sbatch --wait polls every <= 10 s).
-MinJobAge=300
+# Finished jobs stay visible to "scontrol show job" for an hour: a test module reads a job it submitted at its start
+# again at its end (the two-node layout runs), which took longer than the default 5 minutes on a loaded machine;
+# a purged job reads as no state at all and its wait times out.
+MinJobAge=3600
 Waittime=0
 SchedulerParameters=sched_interval=2
 CONF
