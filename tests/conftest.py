@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+import unit_times
+
 REPO = Path(__file__).resolve().parents[1]
+_unit_times: unit_times.UnitTimes | None = None
 
 
 def pytest_configure(config):
@@ -24,6 +27,9 @@ def pytest_configure(config):
     for known in KNOWN_HARMLESS:
         assert ":" not in known.message + known.module, f"pytest filter fields are ':'-separated: {known.message}"
         config.addinivalue_line("filterwarnings", f"ignore:{known.message}:{known.category.__name__}:{known.module}")
+    global _unit_times
+    if not hasattr(config, "workerinput"):  # an xdist worker has it; the controller receives every report
+        _unit_times = unit_times.UnitTimes(CLUSTER_MODULES)
     # Runs started by tests measure the MFU peak into a session directory, not ~/.cache/posaug.
     if "POSAUG_CACHE_DIR" not in os.environ:
         config.peak_cache_dir = tempfile.mkdtemp(prefix="posaug_peak_cache_")
@@ -76,6 +82,18 @@ def pytest_collection_modifyitems(config, items):
         return 1 if _module(item.nodeid) in slow_modules else 2
 
     items.sort(key=start_order)
+
+
+def pytest_runtest_logreport(report):
+    """Count each test's time towards its work unit (on the controller only: workers forward their reports)."""
+    if _unit_times is not None:
+        _unit_times.add(report.nodeid, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The time per work unit (tests/unit_times.py)."""
+    if _unit_times is not None:
+        unit_times.report(_unit_times, terminalreporter)
 
 
 def pytest_unconfigure(config):

@@ -1,0 +1,39 @@
+"""The per-unit time table printed at the end of every suite run (tests/unit_times.py)."""
+
+from unit_times import CLUSTER_UNIT, UnitTimes
+
+CLUSTERS = frozenset({"tests/slurm/test_a.py", "tests/slurm/test_b.py"})
+
+
+def test_the_cluster_modules_count_as_one_unit_and_other_modules_as_their_own():
+    times = UnitTimes(CLUSTERS)
+    for nodeid, seconds in [("tests/slurm/test_a.py::t1", 60.0), ("tests/slurm/test_b.py::t2", 60.0),
+                            ("tests/x/test_c.py::t3", 30.0)]:
+        times.add(nodeid, seconds)
+    assert dict(times.seconds) == {CLUSTER_UNIT: 120.0, "tests/x/test_c.py": 30.0}
+
+
+def test_setup_call_and_teardown_of_one_test_add_up_and_count_it_once():
+    times = UnitTimes(CLUSTERS)
+    for seconds in (1.0, 2.0, 3.0):
+        times.add("tests/x/test_c.py::t", seconds)
+    assert times.seconds["tests/x/test_c.py"] == 6.0 and len(times.tests["tests/x/test_c.py"]) == 1
+
+
+def test_the_table_lists_the_longest_unit_first_and_the_total_last():
+    times = UnitTimes(CLUSTERS)
+    times.add("tests/x/test_short.py::t", 60.0)
+    times.add("tests/x/test_long.py::t", 600.0)
+    lines = times.lines()
+    assert lines[1].split() == ["10.0", "1", "tests/x/test_long.py"]
+    assert lines[2].split() == ["1.0", "1", "tests/x/test_short.py"]
+    assert lines[-1].split()[:2] == ["11.0", "2"]
+
+
+def test_only_the_slowest_units_are_shown_but_the_total_counts_all():
+    times = UnitTimes(CLUSTERS)
+    for index in range(5):
+        times.add(f"tests/x/test_{index}.py::t", 60.0 * (index + 1))
+    lines = times.lines(shown=2)
+    assert len(lines) == 1 + 2 + 1 and "slowest 2 of 5" in lines[0]
+    assert lines[-1].split()[0] == "15.0"

@@ -1,0 +1,52 @@
+"""The suite's time per work unit, printed at the end of every run, so that the unit that grew is visible in the CI
+log (issue 43's budget). A unit is what one xdist worker runs in one go: a test module, or all the SLURM cluster
+modules together (tests/conftest.py's CLUSTER_MODULES). Time is the sum of each test's setup, call and teardown as
+the worker measured it, so a unit's time is its share of one worker's wall time (on the controller, with or without
+xdist).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+CLUSTER_UNIT = "slurm clusters"
+SHOWN = 20
+
+
+class UnitTimes:
+    """Collects test durations by work unit from the reports the controller receives."""
+
+    def __init__(self, cluster_modules: frozenset[str]) -> None:
+        self.cluster_modules = cluster_modules
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.tests: dict[str, set[str]] = defaultdict(set)
+
+    def unit_of(self, nodeid: str) -> str:
+        """The work unit a test id belongs to."""
+        module = nodeid.split("::")[0]
+        return CLUSTER_UNIT if module in self.cluster_modules else module
+
+    def add(self, nodeid: str, seconds: float) -> None:
+        """Count one phase (setup, call or teardown) of one test."""
+        unit = self.unit_of(nodeid)
+        self.seconds[unit] += seconds
+        self.tests[unit].add(nodeid)
+
+    def lines(self, shown: int = SHOWN) -> list[str]:
+        """The slowest units, longest first, with the total over all units."""
+        ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
+        total = sum(self.seconds.values())
+        out = [f"{'minutes':>8}  {'tests':>5}  unit (slowest {min(shown, len(ranked))} of {len(ranked)})"]
+        out += [f"{seconds / 60:8.1f}  {len(self.tests[unit]):5d}  {unit}" for unit, seconds in ranked[:shown]]
+        out.append(f"{total / 60:8.1f}  {sum(len(t) for t in self.tests.values()):5d}  all units (worker time, "
+                   f"summed over workers)")
+        return out
+
+
+def report(unit_times: UnitTimes, terminalreporter) -> None:
+    """Print the table as a section of pytest's summary."""
+    if not unit_times.seconds:
+        return
+    terminalreporter.section("time per work unit")
+    for line in unit_times.lines():
+        terminalreporter.write_line(line)
