@@ -39,12 +39,32 @@ def pytest_configure(config):
 # ------------------------------------------------------------------ parallel workers (issue 43)
 # `make test` runs the suite on pytest-xdist workers with `--dist loadfile`: a work unit is one test module, so
 # its module-scoped fixtures (a tiny model trained once, a cluster job submitted once) run on one worker, except
-# that the modules submitting jobs to the local SLURM clusters form one unit: the clusters are shared daemons with
-# a node's worth of CPUs, so their jobs run one test at a time, as in a serial run. (xdist's own `loadgroup`
-# marks do not group on pytest 9, whose test ids no longer come from the attribute xdist rewrites.)
+# that the tests submitting jobs to a local SLURM cluster form one unit per cluster: each cluster is shared daemons
+# with a node's worth of CPUs per node, so its jobs run one test at a time, as in a serial run, while the two
+# clusters (own daemons, ports and munge) run side by side. (xdist's own `loadgroup` marks do not group on
+# pytest 9, whose test ids no longer come from the attribute xdist rewrites.)
 CLUSTER_MODULES = frozenset({"tests/slurm/test_grid_on_cluster.py", "tests/slurm/test_slurm_cluster.py",
                              "tests/slurm/test_slurm_hang.py", "tests/slurm/test_slurm_two_nodes.py",
                              "tests/slurm/test_launcher_preflight.py"})
+# The two-node cluster's tests (slurm/local/start_two_nodes.sh); every other test of CLUSTER_MODULES submits to
+# the single-node one. A listed test that no longer exists stops the run at collection (a renamed test would
+# otherwise move silently to the other unit).
+TWO_NODE_TESTS = frozenset({
+    "tests/slurm/test_slurm_two_nodes.py",
+    "tests/slurm/test_slurm_hang.py::test_a_partition_between_the_nodes_ends_the_job_in_the_timeout_names_the_node_and_"
+    "the_requeue_resumes",
+    "tests/slurm/test_grid_on_cluster.py::test_on_the_two_node_cluster_the_grid_trains_each_run_across_both_nodes_to_"
+    "its_report",
+})
+
+
+def _work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its module, or the cluster it submits to."""
+    module = _module(nodeid)
+    if module not in CLUSTER_MODULES:
+        return module
+    test = nodeid.split("[")[0]
+    return "two-node SLURM cluster" if module in TWO_NODE_TESTS or test in TWO_NODE_TESTS else "SLURM cluster"
 
 
 def _module(nodeid: str) -> str:
@@ -60,7 +80,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ModulesAndClusters(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "slurm clusters" if _module(nodeid) in CLUSTER_MODULES else _module(nodeid)
+            return _work_unit(nodeid)
 
     return ModulesAndClusters(config, log)
 
@@ -72,10 +92,14 @@ def pytest_collection_modifyitems(config, items):
     if marked != CLUSTER_MODULES & collected:
         raise pytest.UsageError(f"tests/conftest.py CLUSTER_MODULES must list exactly the modules with "
                                 f"pytest.mark.cluster: {sorted(marked)}")
+    gone = [test for test in TWO_NODE_TESTS
+            if "::" in test and f"def {test.split('::')[1]}(" not in (REPO / _module(test)).read_text()]
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py TWO_NODE_TESTS names tests that do not exist: {sorted(gone)}")
     slow_modules = {_module(item.nodeid) for item in items if item.get_closest_marker("slow")}
 
     def start_order(item) -> int:
-        # with --no-loadscope-reorder the workers take work in this order: the long serial cluster unit first
+        # with --no-loadscope-reorder the workers take work in this order: the two long serial cluster units first
         # (the critical path), then the modules that train, then the rest (file order within each)
         if _module(item.nodeid) in CLUSTER_MODULES:
             return 0
