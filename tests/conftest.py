@@ -29,7 +29,7 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", f"ignore:{known.message}:{known.category.__name__}:{known.module}")
     global _unit_times
     if not hasattr(config, "workerinput"):  # an xdist worker has it; the controller receives every report
-        _unit_times = unit_times.UnitTimes(CLUSTER_MODULES)
+        _unit_times = unit_times.UnitTimes(_work_unit)
     # Runs started by tests measure the MFU peak into a session directory, not ~/.cache/posaug.
     if "POSAUG_CACHE_DIR" not in os.environ:
         config.peak_cache_dir = tempfile.mkdtemp(prefix="posaug_peak_cache_")

@@ -1,27 +1,31 @@
 """The per-unit time table printed at the end of every suite run (tests/unit_times.py)."""
 
-from unit_times import CLUSTER_UNIT, UnitTimes
-
-CLUSTERS = frozenset({"tests/slurm/test_a.py", "tests/slurm/test_b.py"})
+from unit_times import UnitTimes
 
 
-def test_the_cluster_modules_count_as_one_unit_and_other_modules_as_their_own():
-    times = UnitTimes(CLUSTERS)
+def by_unit(nodeid: str) -> str:
+    """Two modules form one unit, as the cluster modules do in tests/conftest.py."""
+    module = nodeid.split("::")[0]
+    return "cluster" if module.startswith("tests/slurm/") else module
+
+
+def test_tests_count_towards_the_unit_the_unit_function_gives():
+    times = UnitTimes(by_unit)
     for nodeid, seconds in [("tests/slurm/test_a.py::t1", 60.0), ("tests/slurm/test_b.py::t2", 60.0),
                             ("tests/x/test_c.py::t3", 30.0)]:
         times.add(nodeid, seconds)
-    assert dict(times.seconds) == {CLUSTER_UNIT: 120.0, "tests/x/test_c.py": 30.0}
+    assert dict(times.seconds) == {"cluster": 120.0, "tests/x/test_c.py": 30.0}
 
 
 def test_setup_call_and_teardown_of_one_test_add_up_and_count_it_once():
-    times = UnitTimes(CLUSTERS)
+    times = UnitTimes(by_unit)
     for seconds in (1.0, 2.0, 3.0):
         times.add("tests/x/test_c.py::t", seconds)
     assert times.seconds["tests/x/test_c.py"] == 6.0 and len(times.tests["tests/x/test_c.py"]) == 1
 
 
 def test_the_table_lists_the_longest_unit_first_and_the_total_last():
-    times = UnitTimes(CLUSTERS)
+    times = UnitTimes(by_unit)
     times.add("tests/x/test_short.py::t", 60.0)
     times.add("tests/x/test_long.py::t", 600.0)
     lines = times.lines()
@@ -31,7 +35,7 @@ def test_the_table_lists_the_longest_unit_first_and_the_total_last():
 
 
 def test_only_the_slowest_units_are_shown_but_the_total_counts_all():
-    times = UnitTimes(CLUSTERS)
+    times = UnitTimes(by_unit)
     for index in range(5):
         times.add(f"tests/x/test_{index}.py::t", 60.0 * (index + 1))
     lines = times.lines(shown=2)

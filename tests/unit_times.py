@@ -1,6 +1,6 @@
 """The suite's time per work unit, printed at the end of every run, so that the unit that grew is visible in the CI
-log (issue 43's budget). A unit is what one xdist worker runs in one go: a test module, or all the SLURM cluster
-modules together (tests/conftest.py's CLUSTER_MODULES). Time is the sum of each test's setup, call and teardown as
+log (issue 43's budget). A unit is what one xdist worker runs in one go: a test module, or the tests of one local
+SLURM cluster (tests/conftest.py's `_work_unit` decides). Time is the sum of each test's setup, call and teardown as
 the worker measured it, so a unit's time is its share of one worker's wall time (on the controller, with or without
 xdist).
 """
@@ -8,23 +8,18 @@ xdist).
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
-CLUSTER_UNIT = "slurm clusters"
 SHOWN = 20
 
 
 class UnitTimes:
     """Collects test durations by work unit from the reports the controller receives."""
 
-    def __init__(self, cluster_modules: frozenset[str]) -> None:
-        self.cluster_modules = cluster_modules
+    def __init__(self, unit_of: Callable[[str], str]) -> None:
+        self.unit_of = unit_of
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
-
-    def unit_of(self, nodeid: str) -> str:
-        """The work unit a test id belongs to."""
-        module = nodeid.split("::")[0]
-        return CLUSTER_UNIT if module in self.cluster_modules else module
 
     def add(self, nodeid: str, seconds: float) -> None:
         """Count one phase (setup, call or teardown) of one test."""
