@@ -9,9 +9,11 @@ acts first; the groups' own timeout is the fallback where it cannot run.
 
 from __future__ import annotations
 
-# Reaches into torch.distributed internals (checked against torch 2.13):
+# Reaches into torch.distributed internals (checked against torch 2.6, 2.13 and 2.15):
 # - distributed_c10d._set_pg_timeout (private, documented in its docstring): the only way to change a created
-#   group's timeout; torchtitan tightens its timeouts after the first step the same way.
+#   group's timeout before torch 2.15 (torchtitan tightens its timeouts after the first step the same way). From
+#   2.15 the public `torch.distributed.set_timeout` exists and `_set_pg_timeout` warns that it is deprecated, so
+#   the public one is used wherever it exists (feature detection, not a version string).
 # - distributed_c10d._world.pg_map: every group this process belongs to, Megatron's included (Megatron keeps
 #   no list of the groups it creates).
 # - ProcessGroup._get_backend(device).options._timeout: a group's collective timeout, read back by
@@ -82,12 +84,13 @@ def set_timeout(seconds: float) -> list[str]:
     from torch.distributed import distributed_c10d as c10d
 
     wanted = timedelta(seconds=seconds + PG_GRACE_S)
+    set_group_timeout = getattr(dist, "set_timeout", None) or c10d._set_pg_timeout
     errors: dict[str, str] = {}
     for group in list(c10d._world.pg_map):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # torch warns, and sets nothing, for a backend it cannot change
-                c10d._set_pg_timeout(wanted, group)
+                set_group_timeout(wanted, group)
         except (ValueError, AssertionError, RuntimeError, Warning) as error:
             errors[_describe(group)] = str(error)
     missed = [f"{name}: {now}" + (f" ({errors[name]})" if name in errors else "")
