@@ -10,6 +10,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,11 @@ ALL_SCRIPTS = sorted(str(p.relative_to(REPO)) for p in SLURM.rglob("*.sh"))
 
 
 def clean_env(**extra: str) -> dict:
-    """The caller's environment without SLURM job variables or launcher overrides (tests may run in a job)."""
+    """The caller's environment without SLURM job variables or launcher overrides (tests may run in a job); the
+    launcher's Python is the one running the tests (PYTHON="" leaves the launcher to find one)."""
     keep = {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM_", "SBATCH_")) and k not in LAUNCHER_VARS}
-    return {**keep, **extra}
+    return {**keep, "PYTHON": sys.executable, **extra}
 
 
 LAUNCHER_VARS = {"POSAUG_ROOT", "PYTHON", "CONFIG", "DATA_PREFIX", "SYNTHETIC_DATA", "OUTPUT_DIR", "RUN_NAME",
@@ -123,7 +125,7 @@ def test_array_task_id_selects_the_seed(task, seed):
 def test_container_image_runs_the_step_in_pyxis_with_the_checkout_mounted(tiny_shards):
     # the host's python3 may lack torch (the container has it): the check is then a warning, not a refusal
     result = dry_run("pretrain_10m_baseline.sh", CONTAINER_IMAGE="nvcr.io#nvidia/pytorch:24.09-py3",
-                     DATA_PREFIX=tiny_shards)
+                     DATA_PREFIX=tiny_shards, PYTHON="")
     assert result.returncode == 0, result.stderr
     argv = shlex.split(command_line(result.stdout).split(":", 1)[1])  # the line is shell-quoted (printf %q)
     assert "--container-image=nvcr.io#nvidia/pytorch:24.09-py3" in argv
@@ -147,6 +149,13 @@ def test_launcher_outside_a_job_checks_before_it_submits():
     result = run(["bash", str(SLURM / "pretrain_10m_posaug.sh")])
     assert result.returncode == 2
     assert "refused before submitting (nothing queued)" in result.stderr
+
+
+def test_without_python_set_the_launcher_takes_the_projects_venv_else_python3():
+    venv_python = REPO / ".venv" / "bin" / "python"
+    expected = str(venv_python) if os.access(venv_python, os.X_OK) else "python3"
+    result = dry_run("pretrain_10m_rpe.sh", PYTHON="")
+    assert f"python          {expected}\n" in result.stdout
 
 
 def test_launcher_finds_the_project_from_another_directory(tmp_path):
