@@ -17,6 +17,10 @@ import torch
 from megatron_ext.model import ModelConfig, ParallelConfig
 
 
+# The ops of SDPA's math path (the model's losses use log_softmax, a different op).
+MATH_ATTENTION_OPS = frozenset({"aten::_softmax", "aten::_safe_softmax"})
+
+
 @dataclass
 class Measured:
     """Bytes found in a real Megatron step on CPU."""
@@ -25,6 +29,9 @@ class Measured:
     grads: int
     optimizer: int
     activation_peak: int  # forward + backward of one micro-batch, above what was allocated before it
+    # SDPA fell back to its math path (an L x L softmax; torch 2.6 on CPU does, 2.13 runs a fused kernel there): the
+    # plan models flash attention, as the GPUs it plans for run, so the activation peak is not comparable then
+    attention_materialised: bool = False
 
 
 def _storage_bytes(tensors) -> int:
@@ -88,4 +95,5 @@ def measure_step(model: ModelConfig, micro_batch: int, seed: int = 0) -> Measure
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         engine.train_step(iter([batch]), sampler, 1, 1, micro_batch, model.seq_length)
     weights, grads, optimizer = state_of(engine)
-    return Measured(weights, grads, optimizer, _peak_before_optimizer(prof))
+    materialised = any(event.name in MATH_ATTENTION_OPS for event in prof.profiler.function_events)
+    return Measured(weights, grads, optimizer, _peak_before_optimizer(prof), materialised)

@@ -26,5 +26,10 @@ def test_weights_grads_and_optimizer_state_equal_what_megatron_allocates(planned
 
 def test_activation_estimate_is_within_tolerance_of_the_profiled_peak(planned_and_measured):
     stage, measured = planned_and_measured
+    if measured.attention_materialised:
+        import torch
+
+        pytest.skip(f"torch {torch.__version__} ran SDPA's math path on this CPU (an L x L softmax), which the plan "
+                    "does not model: it plans flash attention, as the GPUs it plans for run (torch 2.6.0 does this)")
     predicted = stage.activations + stage.logits + stage.backward_temporaries
     assert abs(measured.activation_peak / predicted - 1) <= ACTIVATION_TOLERANCE
