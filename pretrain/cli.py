@@ -50,7 +50,9 @@ class Parser(argparse.ArgumentParser):
         """Exit 2 with one line; an unknown subcommand reads `unknown command X; choose from ...`."""
         match = re.fullmatch(r"argument (?:command|\{[^}]*\}): invalid choice: '(.*)' \(choose from (.*)\)", message)
         if match:
-            message = unknown_choice("command", match.group(1), re.findall(r"'([^']*)'", match.group(2)))
+            # Python <= 3.12.7 quotes each choice ('run', 'all'); 3.12.8+ and 3.13 do not (run, all)
+            choices = [choice.strip().strip("'") for choice in match.group(2).split(",")]
+            message = unknown_choice("command", match.group(1), choices)
         super().error(message)
 
 
