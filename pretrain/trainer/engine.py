@@ -78,7 +78,13 @@ class Engine:
         self.model = self.chunks[0]
         self.config = self.model.module.config
         self.progress = Progress()  # where the main thread is; the loop hands in the hang watchdog's
-        self.config.finalize_model_grads_func = finalize_model_grads
+
+        def finalize(*args, **kwargs):
+            # after the last microbatch's backward: a rank still in it is behind one that reached the reduction
+            self.progress.enter("gradient sync")
+            return finalize_model_grads(*args, **kwargs)
+
+        self.config.finalize_model_grads_func = finalize
         no_sync = [chunk.no_sync for chunk in self.chunks]
         self.config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
         self.optimizer = get_megatron_optimizer(

@@ -33,7 +33,7 @@ class Progress:
         self.microbatch = 0  # forward passes started in this step's forward-backward
 
     def enter(self, phase: str) -> None:
-        """The main thread starts a phase (forward-backward, optimizer, validation, save, ...)."""
+        """The main thread starts a phase (forward-backward, gradient sync, optimizer, validation, save, ...)."""
         self.microbatch = 0
         self.phase = phase
         self.entered += 1

@@ -10,7 +10,8 @@ pid and process start time) every tick to the torch.distributed rendezvous store
 MASTER_ADDR:MASTER_PORT, hosted by torchrun's agent or by rank 0 under srun), through a client of its own whose
 every operation is bounded in time (heartbeats.py). Starting the watchdog needs no collective, so a peer stuck
 anywhere after it started is caught. A hang before that (process-group creation, the resume plan's broadcast)
-ends by the process groups' own timeout, `parallel.distributed_timeout_minutes`, without this report. When a rank's deadline passes:
+ends by the process groups' own timeout, `parallel.distributed_timeout_minutes`, without this report. When a
+rank's deadline passes:
 
 1. it writes the Python stacks of all its threads to `<run>/hang/rank_<N>.txt` (faulthandler) and torch's
    flight recorder (the last collectives of every group, NCCL or gloo) to `flight_recorder_rank_<N>.pkl`;
