@@ -229,6 +229,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                 metrics.heartbeat(done)
                 window_start, window_steps = time.time(), 0
             if straggler_interval and done % straggler_interval == 0:
+                watchdog.counters.enter("the straggler report")  # a collective: a rank before it is behind
                 gathered = step_times.gather(watchdog.take_stalls())
                 for line in gathered.lines(done - straggler_interval + 1, done, config.logging.straggler_threshold,
                                            train_timeout_s):
@@ -242,6 +243,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                     valid_loss = engine.evaluate(valid, sampler, num_microbatches * eval_batches, mbs, seq)
                 metrics.scalars(done, {"valid/loss": valid_loss})
                 metrics.console(f"step {done} | validation loss {valid_loss:.4f} (evaluation positions)")
+            watchdog.counters.enter("the stop check")  # a collective: a rank before it is behind
             if stop.any_rank():
                 save(done)
                 metrics.console(f"received {stop.received or 'a stop signal on another rank'}: saved "
