@@ -207,7 +207,7 @@ class Watchdog:
                 second = self._read()
             line, named, stopped = self._describe(step, phase, setting, timeout_s, first, second)
             if second is None:  # this rank knows least: a rank that reads the heartbeats elects itself 3 ticks
-                time.sleep(3 * self.tick)  # after its deadline, and this one's came a store timeout late already
+                time.sleep(3 * self.tick + STORE_TIMEOUT_S)  # after its deadline and a read (a partition's far side)
             if self._elected():
                 self._report(line, named, stopped)
             else:
