@@ -24,6 +24,7 @@ from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
 from megatron_ext.positions.documents import Documents
 from pretrain.trainer.config import OptimizerSettings
+from pretrain.trainer.hang_diagnosis import Progress
 from pretrain.trainer.run_dir import any_rank
 
 
@@ -76,7 +77,14 @@ class Engine:
             parallel_state.set_virtual_pipeline_model_parallel_rank(0)
         self.model = self.chunks[0]
         self.config = self.model.module.config
-        self.config.finalize_model_grads_func = finalize_model_grads
+        self.progress = Progress()  # where the main thread is; the loop hands in the hang watchdog's
+
+        def finalize(*args, **kwargs):
+            # after the last microbatch's backward: a rank still in it is behind one that reached the reduction
+            self.progress.enter("gradient sync")
+            return finalize_model_grads(*args, **kwargs)
+
+        self.config.finalize_model_grads_func = finalize
         no_sync = [chunk.no_sync for chunk in self.chunks]
         self.config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
         self.optimizer = get_megatron_optimizer(
@@ -101,11 +109,14 @@ class Engine:
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        forward_step = _ForwardStep(sampler, step, seq_length, micro_batch_size, num_microbatches)
+        self.progress.enter("forward-backward")
+        forward_step = _ForwardStep(sampler, step, seq_length, micro_batch_size, num_microbatches, self.progress)
         losses = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=self._per_chunk(batches), model=self.chunks,
             num_microbatches=num_microbatches, seq_length=seq_length,
             micro_batch_size=micro_batch_size, forward_only=False)
+        # with NCCL the schedule returns before its kernels ran: a rank waiting for a peer blocks in here
+        self.progress.enter("optimizer")
         loss, bad_microbatch = _reduce_loss(losses)
         loss_scale = float(self.optimizer.get_loss_scale())
         # Megatron's FP32 and BF16 optimizers step on NaN gradients (megatron-core 0.16.1: only the
@@ -213,7 +224,8 @@ class Engine:
             chunk.eval()
         try:
             losses = get_forward_backward_func()(
-                forward_step_func=_ForwardStep(sampler, None, seq_length, micro_batch_size, num_microbatches),
+                forward_step_func=_ForwardStep(sampler, None, seq_length, micro_batch_size, num_microbatches,
+                                               self.progress),
                 data_iterator=self._per_chunk(batches),
                 model=self.chunks, num_microbatches=num_microbatches, seq_length=seq_length,
                 micro_batch_size=micro_batch_size, forward_only=True)
@@ -227,10 +239,11 @@ class _ForwardStep:
     """Megatron forward_step_func: fetch a microbatch, make its positions, run the model."""
 
     def __init__(self, sampler: PositionSampler, step: int | None, seq_length: int, micro_batch_size: int,
-                 num_microbatches: int) -> None:
+                 num_microbatches: int, progress: Progress | None = None) -> None:
         from megatron.core import parallel_state
 
         self.sampler, self.step, self.seq_length = sampler, step, seq_length
+        self.progress = progress or Progress()
         self.micro_batch_size = micro_batch_size
         # Schedules call each model chunk in microbatch order, so counting per chunk gives every
         # chunk (virtual stage) the positions of the same microbatch.
@@ -251,6 +264,7 @@ class _ForwardStep:
         attention_mask = None if documents is None else documents.attention_mask()
         microbatch = self.microbatches.get(id(model), 0)
         self.microbatches[id(model)] = microbatch + 1
+        self.progress.microbatch += 1  # the hang watchdog's counter: forward passes started, all chunks
         # Full-length positions first: a position depends on its place in the whole sequence.
         if self.step is None:
             positions = self.sampler.evaluation(tokens.shape[1], device=device)

@@ -132,11 +132,11 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     train_timeout_s = config.parallel.train_timeout_seconds
 
     @contextmanager
-    def long_section(name: str) -> Iterator[None]:
+    def long_section(name: str, kind: str) -> Iterator[None]:
         """Checkpoint saves and validation may take the start-up timeout, in the watchdog and the groups."""
         distributed.set_timeout(60.0 * config.parallel.distributed_timeout_minutes)
         try:
-            with watchdog.phase(name):
+            with watchdog.phase(name, kind):
                 yield
         finally:  # a failed save or validation must not leave the groups on the long timeout
             distributed.set_timeout(train_timeout_s)
@@ -146,6 +146,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                             rotary_base=config.model.rotary_base, total_steps=total_iters)
     engine = Engine(config.model, config.parallel, config.optimizer, total_iters,
                     per_sample_positions=sampler.needs_per_sample or config.data.document_masking)
+    engine.progress = watchdog.counters
 
     start = 0
     if resume.candidates:
@@ -161,6 +162,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
         if rank == 0:
             print(f"initialised weights from {checkpoint.resolve(config.checkpoint.load)}", flush=True)
 
+    watchdog.counters.step = start  # a resumed run's ranks are compared from its checkpoint's step on
     gbs, mbs, seq = config.schedule.global_batch_size, config.schedule.micro_batch_size, config.model.seq_length
     eval_batches = config.logging.eval_iters
     if config.data.task:
@@ -181,7 +183,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                                      config.data.document_masking, config.data.eod_mask_loss)
 
     def save(iteration: int) -> None:
-        with long_section(f"the save of checkpoint {iteration}"):
+        with long_section(f"the save of checkpoint {iteration}", "save"):
             engine.sync_params()  # overlap_param_gather defers the last update's all-gather
             checkpoint.save(run_dir, iteration, engine,
                             {"config": to_dict(config), "consumed_samples": iteration * gbs},
@@ -227,6 +229,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                 metrics.heartbeat(done)
                 window_start, window_steps = time.time(), 0
             if straggler_interval and done % straggler_interval == 0:
+                watchdog.counters.enter("the straggler report")  # a collective: a rank before it is behind
                 gathered = step_times.gather(watchdog.take_stalls())
                 for line in gathered.lines(done - straggler_interval + 1, done, config.logging.straggler_threshold,
                                            train_timeout_s):
@@ -236,10 +239,11 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                 # the same leading validation batches every time, so the curve is comparable
                 valid = itertools.chain.from_iterable(
                     step_batches(valid_data, k, gbs, dp_rank, dp_size, mbs) for k in range(eval_batches))
-                with long_section(f"validation after step {done}"):
+                with long_section(f"validation after step {done}", "validation"):
                     valid_loss = engine.evaluate(valid, sampler, num_microbatches * eval_batches, mbs, seq)
                 metrics.scalars(done, {"valid/loss": valid_loss})
                 metrics.console(f"step {done} | validation loss {valid_loss:.4f} (evaluation positions)")
+            watchdog.counters.enter("the stop check")  # a collective: a rank before it is behind
             if stop.any_rank():
                 save(done)
                 metrics.console(f"received {stop.received or 'a stop signal on another rank'}: saved "

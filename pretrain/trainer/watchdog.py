@@ -5,22 +5,27 @@ Every rank runs one `Watchdog` thread. The training loop tells it where it is (`
 validation get `parallel.distributed_timeout_minutes`, every later step `parallel.train_timeout_seconds`.
 
 A stuck collective blocks the main thread, so the ranks talk over a side channel: each thread publishes a
-heartbeat (a counter, the last completed step, whether the main thread waits in a collective, its host and pid)
-every tick to the torch.distributed rendezvous store (the TCPStore at MASTER_ADDR:MASTER_PORT, hosted by
-torchrun's agent or by rank 0 under srun), through a client of its own with a short timeout. Starting the
-watchdog needs no collective, so a peer stuck anywhere after it started is caught. A hang before that
-(process-group creation, the resume plan's broadcast) ends by the process groups' own timeout,
-`parallel.distributed_timeout_minutes`, without this report. When a rank's deadline passes:
+heartbeat (a counter; the main thread's progress counters: last completed step, phase, microbatch; its host,
+pid and process start time) every tick to the torch.distributed rendezvous store (the TCPStore at
+MASTER_ADDR:MASTER_PORT, hosted by torchrun's agent or by rank 0 under srun), through a client of its own whose
+every operation is bounded in time (heartbeats.py). Starting the watchdog needs no collective, so a peer stuck
+anywhere after it started is caught. A hang before that (process-group creation, the resume plan's broadcast)
+ends by the process groups' own timeout, `parallel.distributed_timeout_minutes`, without this report. When a
+rank's deadline passes:
 
 1. it writes the Python stacks of all its threads to `<run>/hang/rank_<N>.txt` (faulthandler) and torch's
    flight recorder (the last collectives of every group, NCCL or gloo) to `flight_recorder_rank_<N>.pkl`;
 2. it reads every rank's heartbeat twice, a few ticks apart: a rank whose counter did not move stopped
-   reporting (stopped, dead, or cut off from the store's host); with none such, a rank that is not waiting in
-   a collective is the one stuck;
-3. the first live rank to create `<run>/hang/reporter` (O_EXCL; ranks that cannot reach the store try last)
-   prints one line naming those ranks, their hosts and last completed steps, writes `report.txt`, and sets
-   `status.json` to "hung" with that line; it SIGKILLs silent ranks on its own host (a SIGSTOPped process
-   ignores the launcher's SIGTERM, and torchrun waits 30 s before its SIGKILL);
+   reporting (stopped, dead, or cut off from the store's host); with none such, the ranks behind the others
+   (lowest step, phase, microbatch) are the ones stuck, and with all at one point every rank waits there
+   (hang_diagnosis.py; no stack frame is read, so this holds for NCCL, whose collectives return at once, as for
+   gloo). A rank that cannot reach the store skips the second look: under srun the store's host is rank 0 (at
+   MASTER_ADDR), which it names;
+3. the first live rank to create `<run>/hang/reporter` (O_EXCL; ranks that cannot reach the store try a few
+   ticks later) prints one line naming those ranks, their hosts and progress, writes `report.txt`, and sets
+   `status.json` to "hung" with that line; it SIGKILLs silent ranks on its own host whose pid still has the
+   start time of their heartbeat (hang_exit.py; a SIGSTOPped process ignores the launcher's SIGTERM, and
+   torchrun waits 30 s before its SIGKILL);
 4. every live rank exits with HANG_EXIT_CODE once the report exists, so the job ends within the timeout plus a
    few ticks. Checkpoints are untouched: a save cut short leaves only an iter_N.tmp, which resume ignores.
 
@@ -40,30 +45,28 @@ from __future__ import annotations
 # Reaches into library internals (checked against torch 2.13):
 # - torch._C._distributed_c10d._dump_fr_trace: the flight recorder's dump (torch's own dump-on-timeout path
 #   writes it only for NCCL and only to TORCH_FR_DUMP_TEMP_FILE; this writes it beside the stacks for both).
-# - sys._current_frames: the main thread's innermost frame, to tell a rank waiting in a collective from one
-#   stuck in its own work (CPython, documented but marked for debugging use).
 
 import faulthandler
-import json
 import os
-import signal
 import socket
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Iterator
 
 import torch.distributed as dist
 
-HANG_EXIT_CODE = 76  # not 1 (a crash), 2 (bad input) or 75 (saved on a signal, requeue); slurm/common.sh reads it
+from pretrain.trainer.hang_diagnosis import Observer, Progress, Verdict, diagnose
+from pretrain.trainer.hang_exit import HANG_EXIT_CODE, exit_now, identity, kill_rank
+from pretrain.trainer.heartbeats import STORE_TIMEOUT_S, Heartbeats
+
+__all__ = ["HANG_EXIT_CODE", "Watchdog", "exit_now", "set_aside_previous"]
+
 HANG_DIR = "hang"
 REPORT = "report.txt"
-STORE_TIMEOUT_S = 3.0  # one side-channel operation; a partitioned rank gives up on the store after this
 STALL_MIN_S = 2.0  # a tick that overran by this much is a stall worth reporting
-_COLLECTIVE_FILES = ("torch/distributed/", "megatron/core/distributed/", "megatron/core/pipeline_parallel/p2p")
 
 
 def _tick(train_timeout_s: float) -> float:
@@ -81,41 +84,29 @@ class Watchdog:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.host = socket.gethostname()
         # no collective here: a peer stuck before it would leave this rank unwatched. Who is where comes with
-        # the heartbeats; this start's keys are kept apart from a restarted job's on the same store by its id.
-        self.hosts, self.pids = {self.rank: self.host}, {self.rank: os.getpid()}
-        attempt = (os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID", ""),
-                   os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT", "0"))
-        self.prefix = f"posaug_watchdog/{attempt[0]}.{attempt[1]}/"
-        self.store, self.store_problem = self._connect()
+        # the heartbeats.
+        self.me = identity()
+        self.observer = Observer(self.rank, self.world, self.host, self.hang_dir, {self.rank: self.host},
+                                 store_address=f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+                                 agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+                                 per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 0))
         self.step = 0
+        self.counters = Progress()  # the loop and the engine write these; this thread publishes them
+        self.beats = Heartbeats(self.rank, self.world, self.counters, self.me)
         self.phase_name, self.setting = "start-up", "parallel.distributed_timeout_minutes"
         self.timeout_s = startup_timeout_s
         self.deadline = time.monotonic() + startup_timeout_s
-        self.beat = 0
         self.stalls: list[tuple[float, int]] = []  # (seconds, step during which it happened)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # a completed step is published at once, not at the next tick
         self.fired = False  # the deadline passed: the thread is writing the report and will end the process
-        self._main = threading.main_thread().ident
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
-
-    def _connect(self):
-        if self.world == 1:
-            return dist.HashStore(), None
-        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if not addr or not port:
-            return None, "no MASTER_ADDR/MASTER_PORT (not started by torchrun or srun)"
-        try:
-            return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S),
-                                 wait_for_workers=False), None
-        except (RuntimeError, OSError, ValueError) as error:
-            return None, f"the rendezvous store at {addr}:{port} is unreachable ({str(error).splitlines()[0]})"
 
     # ---- main thread ----------------------------------------------------------------------------------
     def start(self) -> "Watchdog":
         """Publish the first heartbeat and start the thread (the start-up deadline runs from construction)."""
-        self._publish()
+        self.beats.publish()
         self._thread.start()
         return self
 
@@ -123,14 +114,16 @@ class Watchdog:
         """A training step completed: the next must complete within the train timeout."""
         with self._lock:
             self.step = step
+            self.counters.completed(step)
             self.phase_name, self.setting = f"step {step + 1}", "parallel.train_timeout_seconds"
             self.timeout_s = self.train_timeout_s
             self.deadline = time.monotonic() + self.train_timeout_s
         self._wake.set()
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """A section allowed the long timeout (checkpoint save, validation); the train timeout runs again after."""
+    def phase(self, name: str, kind: str) -> Iterator[None]:
+        """A section allowed the long timeout (`kind` "save" or "validation"); the train timeout runs again after."""
+        self.counters.enter(kind)
         with self._lock:
             previous = self.phase_name
             self.phase_name, self.setting = name, "parallel.distributed_timeout_minutes"
@@ -139,6 +132,7 @@ class Watchdog:
         try:
             yield
         finally:
+            self.counters.enter(f"after the {kind}")
             with self._lock:
                 self.phase_name, self.setting = previous, "parallel.train_timeout_seconds"
                 self.timeout_s = self.train_timeout_s
@@ -165,24 +159,6 @@ class Watchdog:
             self._thread.join(timeout=5 * STORE_TIMEOUT_S)
 
     # ---- the thread -----------------------------------------------------------------------------------
-    def _in_collective(self) -> bool:
-        frame = sys._current_frames().get(self._main)
-        return frame is not None and any(part in frame.f_code.co_filename.replace("\\", "/")
-                                         for part in _COLLECTIVE_FILES)
-
-    def _publish(self) -> None:
-        if self.store is None:
-            return
-        self.beat += 1
-        record = {"beat": self.beat, "step": self.step, "in_collective": self._in_collective(), "host": self.host,
-                  "pid": os.getpid()}
-        try:
-            self.store.set(f"{self.prefix}{self.rank}", json.dumps(record))
-            self.store_problem = None
-        except (RuntimeError, OSError) as error:  # a lost link, or the store's host stopped
-            self.store_problem = (f"the rendezvous store at {os.environ.get('MASTER_ADDR')}:"
-                                  f"{os.environ.get('MASTER_PORT')} does not answer ({str(error).splitlines()[0]})")
-
     def _run(self) -> None:
         while True:
             before = time.monotonic()
@@ -195,25 +171,23 @@ class Watchdog:
                 if overrun >= STALL_MIN_S:
                     self.stalls.append((overrun, self.step + 1))
                 self.fired = time.monotonic() > self.deadline and not self._stop.is_set()
-            self._publish()
+            self.beats.publish()
             if self.fired:
                 self._hang()
                 return
+            if 0 not in self.beats.records and self.rank != 0 and self.world > 1:
+                self._learn_store_host()
+
+    def _learn_store_host(self) -> None:
+        """Rank 0's heartbeat, read once while the store answers: under srun rank 0 hosts the store, and once it
+        stopped, its host, pid and start time could no longer be read."""
+        if self.beats.read([0]):
+            self.observer.hosts[0] = self.beats.records[0]["host"]
 
     def _read(self) -> dict[int, dict] | None:
-        """Every rank's last heartbeat ({} for a rank that never sent one), or None without the store."""
-        if self.store is None or self.store_problem:
-            return None
-        found = {}
-        try:
-            for rank in range(self.world):
-                key = f"{self.prefix}{rank}"
-                if self.store.check([key]):
-                    found[rank] = json.loads(self.store.get(key))
-        except (RuntimeError, OSError, ValueError):
-            return None
-        for rank, record in found.items():
-            self.hosts[rank], self.pids[rank] = record["host"], record["pid"]
+        found = self.beats.read()
+        if found is not None:
+            self.observer.hosts.update({rank: record["host"] for rank, record in found.items()})
         return found
 
     def _hang(self) -> None:
@@ -225,13 +199,15 @@ class Watchdog:
             self._write_stacks(step, phase)
             self._write_flight_recorder()
             first = self._read()
-            for _ in range(3):  # a few ticks, so a live rank's counter moves at least once
-                time.sleep(self.tick)
-                self._publish()
-            second = self._read()
+            second = None
+            if first is not None:  # without the store a second look would only wait out more store timeouts
+                for _ in range(3):  # a few ticks, so a live rank's counter moves at least once
+                    time.sleep(self.tick)
+                    self.beats.publish()
+                second = self._read()
             line, named, stopped = self._describe(step, phase, setting, timeout_s, first, second)
-            if second is None:  # without the store this rank knows least: let an informed rank report first
-                time.sleep(3 * STORE_TIMEOUT_S)
+            if second is None:  # this rank knows least: a rank that reads the heartbeats elects itself 3 ticks
+                time.sleep(3 * self.tick + STORE_TIMEOUT_S)  # after its deadline and a read (a partition's far side)
             if self._elected():
                 self._report(line, named, stopped)
             else:
@@ -265,48 +241,11 @@ class Watchdog:
             return
         (self.hang_dir / f"flight_recorder_rank_{self.rank}.pkl").write_bytes(dump)
 
-    def _host_of(self, rank: int) -> str:
-        """From its heartbeat, else from the launch layout: torchrun and srun give each node consecutive ranks."""
-        if rank in self.hosts:
-            return self.hosts[rank]
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
-        return self.host if per_node and rank // per_node == self.rank // per_node else "an unknown host"
-
-    def _who(self, ranks: list[int], seen: dict[int, dict]) -> str:
-        def one(rank: int) -> str:
-            step = seen.get(rank, {}).get("step")
-            return (f"rank {rank} on {self._host_of(rank)} (" + ("no heartbeat at all: stuck in start-up before its "
-                    "watchdog started" if step is None else f"last completed step {step}") + ")")
-        return ", ".join(one(r) for r in ranks)
-
     def _describe(self, step: int, phase: str, setting: str, timeout_s: float, first: dict | None,
-                  second: dict | None) -> tuple[str, list[int], list[int]]:
+                  second: dict | None) -> Verdict:
         """The one-line report, the ranks it names, and those of them that stopped reporting."""
-        head = f"hang: no progress for {timeout_s:g} s ({setting}) in {phase} after step {step}: "
-        if second is None:
-            agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            suspect = [0] if self.rank != 0 and not agent_store else []
-            store_host = self.hosts.get(0) or os.environ.get("MASTER_ADDR", "?")  # srun: rank 0's host
-            where = "a lost link to it" if agent_store else f"rank 0 on {store_host} hosts it: it stopped, or " \
-                                                            "this rank's link to it is lost"
-            return (head + f"rank {self.rank} on {self.host} cannot reach the other ranks: {self.store_problem} "
-                    f"({where}); stacks in {self.hang_dir}"), suspect, suspect
-        first = first or {}
-        stopped = [r for r in range(self.world) if r != self.rank
-                   and (r not in second or second[r]["beat"] == first.get(r, {}).get("beat"))]
-        named = stopped
-        if stopped:
-            who = f"{self._who(stopped, second)} stopped reporting"
-        else:
-            outside = [r for r in range(self.world) if r in second and not second[r]["in_collective"]]
-            if outside and (len(outside) < self.world or self.world == 1):
-                who = (f"{self._who(outside, second)} {'is' if len(outside) == 1 else 'are'} stuck outside any "
-                       f"collective" + (" while the others wait in one" if self.world > 1 else ""))
-                named = outside
-            else:
-                who = ("every rank still reports and waits in a collective (a lost link between them, or ranks "
-                       "calling different collectives)")
-        return head + f"{who}; stacks of the live ranks in {self.hang_dir}", named, stopped
+        self.observer.store_problem = self.beats.problem
+        return diagnose(self.observer, step, phase, setting, timeout_s, first, second)
 
     def _elected(self) -> bool:
         try:
@@ -323,7 +262,7 @@ class Watchdog:
         deadline = time.monotonic() + 2 * STORE_TIMEOUT_S
         while time.monotonic() < deadline and not all((self.hang_dir / f"rank_{r}.txt").exists() for r in live):
             time.sleep(self.tick)  # the other live ranks' stacks, before anything can end them
-        hosts = sorted({self._host_of(r) for r in named} - {"an unknown host"})
+        hosts = sorted({self.observer.host_of(r) for r in named} - {"an unknown host"})
         write_status(self.run_dir, "hung", self.step, self.total_iters, error=line, hung_ranks=named,
                      hung_hosts=hosts, checkpoint_iteration=latest_iteration(self.run_dir) or 0)
         tmp = self.hang_dir / f"{REPORT}.tmp"
@@ -331,36 +270,14 @@ class Watchdog:
         os.replace(tmp, self.hang_dir / REPORT)
         print(f"error: {line}", file=sys.stderr, flush=True)
         for rank in stopped:  # a stopped process ignores SIGTERM until continued; the job must end now
-            if self.hosts.get(rank) == self.host and rank != self.rank:
-                _kill_tree(self.pids[rank])
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
-                for c in (task / "children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and its children (Megatron's checkpoint-writer process would outlive it, holding the
-    launcher's output pipes open)."""
-    for victim in [*_children(pid), pid]:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def exit_now() -> None:
-    """End this process with HANG_EXIT_CODE, its child processes first (os._exit runs no atexit handler that
-    would stop them)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for child in _children(os.getpid()):
-        _kill_tree(child)
-    os._exit(HANG_EXIT_CODE)
+            record = self.beats.records.get(rank)
+            if record and record.get("host") == self.host and rank != self.rank:
+                refused = kill_rank(record)
+                if refused:
+                    note = f"rank {rank} (pid {record.get('pid')} on {self.host}) {refused}"
+                    with open(self.hang_dir / REPORT, "a") as handle:
+                        handle.write(f"kill: {note}\n")
+                    print(f"warning: {note}", file=sys.stderr, flush=True)
 
 
 def set_aside_previous(run_dir: Path) -> str | None:

@@ -1,7 +1,8 @@
 """A network partition between the two nodes of the real two-node SLURM cluster (slurm/local/start_two_nodes.sh):
 the hang watchdog ends the job within the train timeout, names the rank and node cut off, the launcher requeues
 the job, and the requeued job resumes from the newest checkpoint. On the single-node cluster (slurm/local/start.sh),
-a SIGSTOPped rank past MAX_HANG_REQUEUES is not requeued: the job fails with the hang's exit code.
+a SIGSTOPped rank past MAX_HANG_REQUEUES is not requeued: the job fails with the hang's exit code; a SIGSTOPped
+rank 0, which hosts the rendezvous store under srun, is named with its host by rank 1 within the timeout.
 
 The partition is a blackhole route in each node's namespace for the other node's address: the link between
 the two nodes is gone while each still reaches slurmctld, as when a switch port between two racks fails.
@@ -111,11 +112,64 @@ def test_a_hang_past_max_hang_requeues_is_not_requeued_and_the_job_exits_with_th
     assert (run_dir / "hang" / "report.txt").read_text().startswith("hang: no progress for")
 
 
+def test_the_store_host_rank_0_stopped_ends_the_job_in_the_timeout_naming_rank_0_and_its_host(cluster, tmp_path):
+    from pretrain.trainer.watchdog import HANG_EXIT_CODE
+
+    run_dir = tmp_path / "runs" / "113m_posaug_seed42"
+    env = job_env(SYNTHETIC_DATA="1", OUTPUT_DIR=str(tmp_path / "runs"), MAX_HANG_REQUEUES="0",
+                  OVERRIDES=f"{TINY} schedule.train_iters=400 logging.log_interval=1 checkpoint.save_interval=1000 "
+                            f"logging.eval_interval=1000 parallel.train_timeout_seconds={TIMEOUT_S} "
+                            f"parallel.distributed_timeout_minutes=1")
+    submit = sh(["sbatch", "--parsable", f"--output={tmp_path}/job-%j.out", "--requeue", *CPU_JOB,
+                 str(SLURM / "pretrain_113m_posaug.sh")], 60, cwd=tmp_path, env=env)
+    assert submit.returncode == 0, submit.stderr
+    job_id = submit.stdout.strip().split(";")[0]
+    log_file = tmp_path / f"job-{job_id}.out"
+    victim = None
+    try:
+        deadline = time.time() + 240
+        while "\n0: step 4/400 |" not in (log_file.read_text() if log_file.exists() else ""):
+            assert time.time() < deadline, log_file.read_text()[-3000:] if log_file.exists() else "no log"
+            time.sleep(0.5)
+        # under srun rank 0 hosts the rendezvous store (slurm/common.sh: env:// at MASTER_ADDR)
+        victim = next(int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _is_rank_of(pid, run_dir, 0))
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.time()
+        while sh(["squeue", "-h", "-j", job_id], 30, env=job_env()).stdout.strip():
+            assert time.time() < stopped + 60 + MARGIN_S + 60, log_file.read_text()[-3000:]
+            time.sleep(0.5)
+        ended = time.time() - stopped
+    finally:
+        sh(["scancel", job_id], 30, env=job_env())
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGCONT)
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    log = log_file.read_text()
+    report = re.search(r"\[posaug-slurm\] the trainer reported a hang: (hang: .*)", log)
+    assert report, log[-4000:]
+    print(f"rank 0 stopped to the end of the job: {ended:.1f} s ({TIMEOUT_S} s timeout)")  # -s
+    assert ended <= TIMEOUT_S + MARGIN_S, log[-4000:]
+    assert "rank 1 on" in report.group(1) and "cannot reach the other ranks" in report.group(1)
+    assert f"is hosted by rank 0 on {os.uname().nodename}: rank 0 stopped" in report.group(1)
+    assert f"[posaug-slurm] hung node(s): {os.uname().nodename}" in log, log[-3000:]
+    job = sh(["scontrol", "show", "job", job_id], 30, env=job_env()).stdout
+    assert f"ExitCode={HANG_EXIT_CODE}:0" in job, job
+    assert [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_rank_of(pid, run_dir, 0)] == []
+    assert [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_rank_of(pid, run_dir, 1)] == []
+
+
 def _is_rank_1_of(pid: str, run_dir: Path) -> bool:
+    return _is_rank_of(pid, run_dir, 1)
+
+
+def _is_rank_of(pid: str, run_dir: Path, rank: int) -> bool:
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return (b"RANK=1" in environ and cmdline.split(b"\0")[0].endswith(b"python")  # not rank_env.sh's bash
+    return (f"RANK={rank}".encode() in environ and cmdline.split(b"\0")[0].endswith(b"python")  # not rank_env.sh
             and f"checkpoint.save={run_dir}".encode() in cmdline)

@@ -3,7 +3,9 @@ rank's stacks and flight recorder on record, status.json "hung", exit code 76, c
 restart resumes; a short stall is reported and survived; a resume with a changed model is refused untouched.
 
 Real torchrun ranks on gloo (DP=2, the tiny preset on synthetic tokens); rank 1 is frozen with SIGSTOP, as a
-rank stuck in a driver call or on a dead mount looks to its peers. Under load a tiny step takes seconds on
+rank stuck in a driver call or on a dead mount looks to its peers. Started as srun starts them (one process per
+rank, rank 0 hosting the rendezvous store), a SIGSTOPped rank 0 takes the store with it: rank 1 names rank 0 and
+its host within the timeout and ends the job. Under load a tiny step takes seconds on
 these 2 cores, hence a 20 s train timeout; ~1-2 min of CPU for the module.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -89,7 +92,7 @@ def test_the_hang_report_is_one_line_naming_the_silent_rank_its_host_and_last_st
     assert len(lines) == 1, err[-3000:]
     assert f"rank 1 on {socket.gethostname()} (last completed step " in lines[0]
     assert "stopped reporting" in lines[0] and f"parallel.train_timeout_seconds" in lines[0]
-    last = int(lines[0].split("(last completed step ")[1].split(")")[0])
+    last = int(re.search(r"\(last completed step (\d+), in ", lines[0]).group(1))
     assert last >= 4
     assert str(run_dir / "hang") in lines[0]
 
@@ -145,6 +148,87 @@ def test_a_restart_after_a_hang_resumes_from_the_newest_checkpoint(hung, tmp_pat
     assert "the previous start's hang report and stacks are kept in" in proc.stdout
     assert (run_dir / "hang.1" / "report.txt").is_file() and not (run_dir / "hang").exists()
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+
+
+def start_as_srun(run_dir: Path, iters: int, log_dir: Path) -> list[subprocess.Popen]:
+    """The DP=2 run started as slurm/common.sh's srun does: one process per rank, env:// rendezvous, rank 0
+    hosting the store at MASTER_ADDR:MASTER_PORT. Rank 0's stdout piped, the rest to files in `log_dir`."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "pretrain", "train", "--set", *RUN, f"schedule.train_iters={iters}",
+               f"checkpoint.save={run_dir}"]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", RANK=str(rank),
+                   LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_JOB_ID"):
+            env.pop(name, None)
+        out = subprocess.PIPE if rank == 0 else open(log_dir / f"rank_{rank}.out", "w")
+        err = open(log_dir / f"rank_{rank}.err", "w")
+        procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err, text=True))
+    return procs
+
+
+@pytest.fixture(scope="module")
+def store_host_stopped(tmp_path_factory):
+    """Under the srun model, rank 0 (the store's host) SIGSTOPped after step 4 of 100: (run dir, seconds from the
+    stop to rank 1's exit, rank 1's stderr, rank 1's exit code, rank 0's exit code)."""
+    base = tmp_path_factory.mktemp("store_host")
+    procs = start_as_srun(base / "run", 100, base)
+    try:
+        until_step(procs[0], 4)
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        stopped = time.time()
+        procs[1].wait(timeout=TIMEOUT_S + MARGIN_S + 60)
+        ended = time.time() - stopped
+        rank_0 = procs[0].wait(timeout=10)  # the reporting rank SIGKILLs it: the job step ends at once
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+    return base / "run", ended, (base / "rank_1.err").read_text(), procs[1].returncode, rank_0
+
+
+@pytest.mark.slow
+def test_the_store_host_rank_0_stopped_under_srun_ends_the_run_within_the_train_timeout(store_host_stopped):
+    _, ended, err, _, _ = store_host_stopped
+    print(f"rank 0 stopped to rank 1's exit: {ended:.1f} s ({TIMEOUT_S} s timeout)")  # -s
+    assert ended <= TIMEOUT_S + MARGIN_S, err[-3000:]
+
+
+@pytest.mark.slow
+def test_the_store_host_rank_0_stopped_is_named_with_its_host_and_the_rendezvous_address(store_host_stopped):
+    run_dir, _, err, _, _ = store_host_stopped
+    lines = [line for line in err.splitlines() if line.startswith("error: hang:")]
+    assert len(lines) == 1, err[-3000:]
+    assert "rank 1 on" in lines[0] and "cannot reach the other ranks" in lines[0]
+    assert f"(the store at 127.0.0.1:" in lines[0] and f"is hosted by rank 0 on {socket.gethostname()}: " in lines[0]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "hung" and status["hung_ranks"] == [0]
+    assert status["hung_hosts"] == [socket.gethostname()]
+
+
+@pytest.mark.slow
+def test_the_store_host_rank_0_stopped_ends_with_the_hang_code_and_no_process_left(store_host_stopped):
+    from pretrain.trainer.watchdog import HANG_EXIT_CODE
+
+    run_dir, _, err, rank_1, rank_0 = store_host_stopped
+    assert rank_1 == HANG_EXIT_CODE, err[-3000:]
+    assert rank_0 == -signal.SIGKILL  # ended by the reporting rank, its pid's start time checked
+    assert "Traceback" not in err
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _runs_in(pid, run_dir)]
+    assert left == []
+
+
+def _runs_in(pid: str, run_dir: Path) -> bool:
+    try:
+        return f"checkpoint.save={run_dir}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 @pytest.mark.slow  # a minute: the smallest start-up timeout
@@ -284,61 +368,3 @@ def test_the_launchers_know_the_hang_exit_code():
 
     common = (REPO / "slurm" / "common.sh").read_text()
     assert f"\nHANG_EXIT_CODE={HANG_EXIT_CODE}  # pretrain/trainer/watchdog.py" in common
-
-
-def test_the_straggler_report_names_the_slowest_rank_its_ratio_to_the_median_and_each_stall():
-    from pretrain.trainer.stragglers import Gathered
-
-    window = Gathered([1.0, 1.1, 3.0, 0.9], [10] * 4, [[], [(5.2, 17)], [], []], ["a", "b", "c", "d"])
-    lines = window.lines(11, 20, threshold=1.5, train_timeout_s=60)
-    assert lines[0].startswith("straggler: rank 2 on c spent 3.00 s outside collectives in steps 11-20, 2.86x the "
-                               "median rank (1.05 s")
-    assert lines[1].startswith("stall: rank 1 on b could not run for 5.2 s during step 17")
-    assert window.scalars() == {"perf/straggler_ratio": pytest.approx(3.0 / 1.05), "perf/slowest_rank": 2.0,
-                                "perf/longest_stall_s": 5.2}
-    assert Gathered([1.0, 1.2], [10, 10], [[], []], ["a", "b"]).lines(1, 10, 1.5, 60) == []  # below the threshold
-
-
-def _watchdog_of(rank: int, world: int):
-    """A Watchdog's reporting state without its thread or process group (for `_describe` alone)."""
-    from pretrain.trainer.watchdog import Watchdog
-
-    watchdog = Watchdog.__new__(Watchdog)
-    watchdog.rank, watchdog.world, watchdog.host = rank, world, f"node{rank}"
-    watchdog.hosts = {r: f"node{r}" for r in range(world)}
-    watchdog.hang_dir, watchdog.store_problem = Path("run/hang"), "the store does not answer"
-    return watchdog
-
-
-def _beat(beat: int, step: int, in_collective: bool = True) -> dict:
-    return {"beat": beat, "step": step, "in_collective": in_collective}
-
-
-def test_a_rank_whose_heartbeat_stopped_is_named_with_its_host_and_last_step():
-    first = {0: _beat(5, 9), 1: _beat(7, 8), 2: _beat(3, 9)}
-    second = {0: _beat(8, 9), 1: _beat(7, 8), 2: _beat(6, 9)}
-    line, named, stopped = _watchdog_of(0, 3)._describe(9, "step 10", "parallel.train_timeout_seconds", 20, first,
-                                                        second)
-    assert named == stopped == [1]
-    assert line == ("hang: no progress for 20 s (parallel.train_timeout_seconds) in step 10 after step 9: rank 1 on "
-                    "node1 (last completed step 8) stopped reporting; stacks of the live ranks in run/hang")
-
-
-def test_with_every_heartbeat_alive_the_rank_outside_any_collective_is_the_one_stuck():
-    first = {0: _beat(1, 9), 1: _beat(1, 9, in_collective=False)}
-    second = {0: _beat(4, 9), 1: _beat(4, 9, in_collective=False)}
-    line, named, stopped = _watchdog_of(0, 2)._describe(9, "step 10", "s", 20, first, second)
-    assert named == [1] and stopped == []
-    assert "rank 1 on node1 (last completed step 9) is stuck outside any collective while the others wait" in line
-
-
-def test_with_every_rank_alive_in_a_collective_the_report_says_so():
-    beats = {0: _beat(1, 9), 1: _beat(1, 9)}
-    line, named, _ = _watchdog_of(1, 2)._describe(9, "step 10", "s", 20, beats, {r: _beat(2, 9) for r in beats})
-    assert named == [] and "every rank still reports and waits in a collective" in line
-
-
-def test_a_rank_cut_off_from_the_store_names_the_store_host_rank_0():
-    line, named, _ = _watchdog_of(1, 2)._describe(9, "step 10", "s", 20, None, None)
-    assert named == [0]
-    assert "rank 1 on node1 cannot reach the other ranks: the store does not answer (rank 0 on node0 hosts it" in line
