@@ -24,7 +24,7 @@ from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
 from megatron_ext.positions.documents import Documents
 from pretrain.trainer.config import OptimizerSettings
-from pretrain.trainer.hang_diagnosis import Progress
+from pretrain.trainer.hang_diagnosis import StepCounters
 from pretrain.trainer.run_dir import any_rank
 
 
@@ -77,7 +77,7 @@ class Engine:
             parallel_state.set_virtual_pipeline_model_parallel_rank(0)
         self.model = self.chunks[0]
         self.config = self.model.module.config
-        self.progress = Progress()  # where the main thread is; the loop hands in the hang watchdog's
+        self.progress = StepCounters()  # where the main thread is; the loop hands in the hang watchdog's
 
         def finalize(*args, **kwargs):
             # after the last microbatch's backward: a rank still in it is behind one that reached the reduction
@@ -239,11 +239,11 @@ class _ForwardStep:
     """Megatron forward_step_func: fetch a microbatch, make its positions, run the model."""
 
     def __init__(self, sampler: PositionSampler, step: int | None, seq_length: int, micro_batch_size: int,
-                 num_microbatches: int, progress: Progress | None = None) -> None:
+                 num_microbatches: int, progress: StepCounters | None = None) -> None:
         from megatron.core import parallel_state
 
         self.sampler, self.step, self.seq_length = sampler, step, seq_length
-        self.progress = progress or Progress()
+        self.progress = progress or StepCounters()
         self.micro_batch_size = micro_batch_size
         # Schedules call each model chunk in microbatch order, so counting per chunk gives every
         # chunk (virtual stage) the positions of the same microbatch.

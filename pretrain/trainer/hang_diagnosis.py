@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 
-class Progress:
+class StepCounters:
     """Where this rank's main thread is: written by the loop and the engine, read by the watchdog thread."""
 
     def __init__(self, step: int = 0) -> None:

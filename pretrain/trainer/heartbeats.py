@@ -1,6 +1,6 @@
 """The hang watchdog's side channel: each rank's heartbeat in the torch.distributed rendezvous store.
 
-A heartbeat is a counter that moves every tick, the rank's progress counters (hang_diagnosis.Progress) and its
+A heartbeat is a counter that moves every tick, the rank's progress counters (hang_diagnosis.StepCounters) and its
 identity (host, pid, process start time). The store is the TCPStore at MASTER_ADDR:MASTER_PORT, hosted by
 torchrun's agent or by rank 0 under srun, reached through a client of this rank's own.
 
@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from pretrain.trainer.hang_diagnosis import Progress
+from pretrain.trainer.hang_diagnosis import StepCounters
 
 STORE_TIMEOUT_S = 3.0  # one side-channel operation; a partitioned rank gives up on the store after this
 
@@ -64,7 +64,7 @@ class StoreLink:
 class Heartbeats:
     """This rank's heartbeat, published every tick, and every rank's, read when a deadline passed."""
 
-    def __init__(self, rank: int, world: int, counters: Progress, identity: dict) -> None:
+    def __init__(self, rank: int, world: int, counters: StepCounters, identity: dict) -> None:
         self.rank, self.world, self.counters, self.identity = rank, world, counters, identity
         # a restarted job's keys on the same store are kept apart by its attempt
         attempt = (os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID", ""),

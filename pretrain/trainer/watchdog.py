@@ -58,7 +58,7 @@ from typing import Iterator
 
 import torch.distributed as dist
 
-from pretrain.trainer.hang_diagnosis import Observer, Progress, Verdict, diagnose
+from pretrain.trainer.hang_diagnosis import Observer, StepCounters, Verdict, diagnose
 from pretrain.trainer.hang_exit import HANG_EXIT_CODE, exit_now, identity, kill_rank
 from pretrain.trainer.heartbeats import STORE_TIMEOUT_S, Heartbeats
 
@@ -91,7 +91,7 @@ class Watchdog:
                                  agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
                                  per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 0))
         self.step = 0
-        self.counters = Progress()  # the loop and the engine write these; this thread publishes them
+        self.counters = StepCounters()  # the loop and the engine write these; this thread publishes them
         self.beats = Heartbeats(self.rank, self.world, self.counters, self.me)
         self.phase_name, self.setting = "start-up", "parallel.distributed_timeout_minutes"
         self.timeout_s = startup_timeout_s

@@ -70,9 +70,9 @@ def test_with_every_rank_alive_at_the_same_point_the_report_says_every_rank_wait
 
 
 def test_the_phases_of_a_step_order_themselves_as_the_loop_enters_them():
-    from pretrain.trainer.hang_diagnosis import Progress, point
+    from pretrain.trainer.hang_diagnosis import StepCounters, point
 
-    progress, seen = Progress(), []
+    progress, seen = StepCounters(), []
     for phase in ("forward-backward", "gradient sync", "optimizer"):
         progress.enter(phase)
         seen.append(point(progress.record()))
