@@ -77,12 +77,10 @@ def test_a_partition_between_the_nodes_ends_the_job_in_the_timeout_names_the_nod
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "30"
 
 
-def test_a_hang_past_max_hang_requeues_is_not_requeued_and_the_job_exits_with_the_hang_code(cluster, tmp_path):
-    from pretrain.trainer.watchdog import HANG_EXIT_CODE
-
-    run_dir = tmp_path / "runs" / "113m_posaug_seed42"
+def submit_unrequeued_training_job(tmp_path: Path) -> tuple[str, Path]:
+    """A 400-step tiny job with the short train timeout and no hang requeue: (job id, its log file)."""
     env = job_env(SYNTHETIC_DATA="1", OUTPUT_DIR=str(tmp_path / "runs"), MAX_HANG_REQUEUES="0",
-                  # no save or validation after the start: the stop (polled from the log) must land in a training
+                  # no save or validation after the start: a stop (polled from the log) must land in a training
                   # step, not in a save, which has the start-up timeout
                   OVERRIDES=f"{TINY} schedule.train_iters=400 logging.log_interval=1 checkpoint.save_interval=1000 "
                             f"logging.eval_interval=1000 parallel.train_timeout_seconds={TIMEOUT_S} "
@@ -91,7 +89,14 @@ def test_a_hang_past_max_hang_requeues_is_not_requeued_and_the_job_exits_with_th
                  str(SLURM / "pretrain_113m_posaug.sh")], 60, cwd=tmp_path, env=env)
     assert submit.returncode == 0, submit.stderr
     job_id = submit.stdout.strip().split(";")[0]
-    log_file = tmp_path / f"job-{job_id}.out"
+    return job_id, tmp_path / f"job-{job_id}.out"
+
+
+def test_a_hang_past_max_hang_requeues_is_not_requeued_and_the_job_exits_with_the_hang_code(cluster, tmp_path):
+    from pretrain.trainer.watchdog import HANG_EXIT_CODE
+
+    run_dir = tmp_path / "runs" / "113m_posaug_seed42"
+    job_id, log_file = submit_unrequeued_training_job(tmp_path)
     try:
         deadline = time.time() + 240
         while "\n0: step 4/400 |" not in (log_file.read_text() if log_file.exists() else ""):
@@ -116,15 +121,7 @@ def test_the_store_host_rank_0_stopped_ends_the_job_in_the_timeout_naming_rank_0
     from pretrain.trainer.watchdog import HANG_EXIT_CODE
 
     run_dir = tmp_path / "runs" / "113m_posaug_seed42"
-    env = job_env(SYNTHETIC_DATA="1", OUTPUT_DIR=str(tmp_path / "runs"), MAX_HANG_REQUEUES="0",
-                  OVERRIDES=f"{TINY} schedule.train_iters=400 logging.log_interval=1 checkpoint.save_interval=1000 "
-                            f"logging.eval_interval=1000 parallel.train_timeout_seconds={TIMEOUT_S} "
-                            f"parallel.distributed_timeout_minutes=1")
-    submit = sh(["sbatch", "--parsable", f"--output={tmp_path}/job-%j.out", "--requeue", *CPU_JOB,
-                 str(SLURM / "pretrain_113m_posaug.sh")], 60, cwd=tmp_path, env=env)
-    assert submit.returncode == 0, submit.stderr
-    job_id = submit.stdout.strip().split(";")[0]
-    log_file = tmp_path / f"job-{job_id}.out"
+    job_id, log_file = submit_unrequeued_training_job(tmp_path)
     victim = None
     try:
         deadline = time.time() + 240
