@@ -93,7 +93,9 @@ def test_the_hang_report_is_one_line_naming_the_silent_rank_its_host_and_last_st
     assert f"rank 1 on {socket.gethostname()} (last completed step " in lines[0]
     assert "stopped reporting" in lines[0] and f"parallel.train_timeout_seconds" in lines[0]
     last = int(re.search(r"\(last completed step (\d+), in ", lines[0]).group(1))
-    assert last >= 4
+    # rank 0 logged step 4, so rank 1 took part in step 4's gradient sync: it completed step 3 at least; whether
+    # its heartbeat of step 4 went out before the stop depends on whether its watchdog thread ran in between
+    assert last >= 3
     assert str(run_dir / "hang") in lines[0]
 
 
