@@ -1,5 +1,6 @@
 """`make test`'s phase clock: runs each phase (an install, a suite on one Megatron-Core), records its wall time and
-prints the table of phases against the CI budget, so that the growth of any phase is visible in every CI log.
+prints the table of phases against the CI budget (with the share of the machine's cores each phase kept busy: a
+phase far below 100 % waits more than it computes), so that the growth of any phase is visible in every CI log.
 
     python3 tests/ci_phases.py --log FILE start
     python3 tests/ci_phases.py --log FILE run "NAME" -- COMMAND...   # exits with COMMAND's code
@@ -26,14 +27,31 @@ def load_average() -> str:
         return "?"
 
 
-def read_phases(log: Path) -> list[tuple[str, float, int, str, str]]:
-    """(name, seconds, exit code, load at start, load at end) of every phase recorded in `log`."""
+def cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) CPU ticks of the whole machine since boot (/proc/stat), or None where there is none."""
+    try:
+        fields = [int(value) for value in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])  # guest time is already inside user
+
+
+def busy_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> str:
+    """The share of all cores' time spent busy between two readings: whether a phase computed or waited."""
+    if start is None or end is None or end[1] <= start[1]:
+        return "?"
+    return f"{(end[0] - start[0]) / (end[1] - start[1]):.0%}"
+
+
+def read_phases(log: Path) -> list[tuple[str, float, int, str, str, str]]:
+    """(name, seconds, exit code, load at start, load at end, CPU busy share) of every phase recorded in `log`."""
     if not log.exists():
         return []
     phases = []
     for line in log.read_text().splitlines():
-        name, seconds, code, load_start, load_end = line.split("\t")
-        phases.append((name, float(seconds), int(code), load_start, load_end))
+        name, seconds, code, load_start, load_end, *busy = line.split("\t")
+        phases.append((name, float(seconds), int(code), load_start, load_end, busy[0] if busy else "?"))
     return phases
 
 
@@ -41,10 +59,10 @@ def table(log: Path, budget_minutes: float | None) -> str:
     """The phase table: each phase's minutes and the machine's load around it, the total, and the budget."""
     phases = read_phases(log)
     width = max([len(name) for name, *_ in phases] + [len("total")])
-    lines = [f"{'phase':<{width}}  {'minutes':>7}  load (start/end)  result"]
-    for name, seconds, code, load_start, load_end in phases:
+    lines = [f"{'phase':<{width}}  {'minutes':>7}  load (start/end)  cpu busy  result"]
+    for name, seconds, code, load_start, load_end, busy in phases:
         result = "ok" if code == 0 else f"FAILED (exit {code})"
-        lines.append(f"{name:<{width}}  {seconds / 60:>7.1f}  {load_start:>6} / {load_end:<6}   {result}")
+        lines.append(f"{name:<{width}}  {seconds / 60:>7.1f}  {load_start:>6} / {load_end:<6}   {busy:>8}  {result}")
     total = sum(seconds for _, seconds, *_ in phases) / 60
     lines.append(f"{'total':<{width}}  {total:>7.1f}")
     if budget_minutes is not None:
@@ -59,7 +77,7 @@ def run_phase(log: Path, name: str, command: list[str]) -> int:
     if "\t" in name or "\n" in name:
         raise SystemExit(f"error: phase name {name!r} must not contain tabs or newlines")
     print(f"==== phase: {name}", flush=True)
-    load_start, start = load_average(), time.monotonic()
+    load_start, ticks_start, start = load_average(), cpu_ticks(), time.monotonic()
     try:
         code = subprocess.call(command)
     except OSError as error:
@@ -67,7 +85,8 @@ def run_phase(log: Path, name: str, command: list[str]) -> int:
         code = 127
     seconds = time.monotonic() - start
     with log.open("a") as handle:
-        handle.write(f"{name}\t{seconds:.1f}\t{code}\t{load_start}\t{load_average()}\n")
+        handle.write(f"{name}\t{seconds:.1f}\t{code}\t{load_start}\t{load_average()}\t"
+                     f"{busy_share(ticks_start, cpu_ticks())}\n")
     print(f"==== phase: {name}: {seconds / 60:.1f} min{'' if code == 0 else f', exit {code}'}", flush=True)
     if code != 0:
         print(table(log, None), flush=True)

@@ -108,10 +108,48 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=start_order)
 
 
+def _cpu_of_phase(item, when: str):
+    start = unit_times.cpu_seconds_now()
+    try:
+        return (yield)
+    finally:  # a failing phase used its CPU too
+        item.stash.setdefault(_PHASE_CPU, {})[when] = unit_times.cpu_seconds_now() - start
+
+
+_PHASE_CPU = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """Measure the CPU time of the setup phase (unit_times)."""
+    yield from _cpu_of_phase(item, "setup")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Measure the CPU time of the call phase (unit_times)."""
+    yield from _cpu_of_phase(item, "call")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Measure the CPU time of the teardown phase (unit_times)."""
+    yield from _cpu_of_phase(item, "teardown")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Carry the phase's CPU time in its report (xdist forwards user_properties to the controller)."""
+    report = yield
+    report.user_properties.append(("cpu_seconds", item.stash.get(_PHASE_CPU, {}).get(call.when, 0.0)))
+    return report
+
+
 def pytest_runtest_logreport(report):
     """Count each test's time towards its work unit (on the controller only: workers forward their reports)."""
     if _unit_times is not None:
-        _unit_times.add(report.nodeid, report.duration)
+        cpu = next((value for key, value in report.user_properties if key == "cpu_seconds"), 0.0)
+        _unit_times.add(report.nodeid, report.duration, cpu)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -52,3 +52,19 @@ def test_a_command_that_does_not_exist_fails_the_phase_with_one_line(tmp_path):
     proc = phases(log, "run", "missing", "--", str(tmp_path / "no-such-program"))
     assert proc.returncode == 127 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: phase 'missing': cannot run ")
+
+
+def test_each_phase_reports_the_share_of_the_cores_it_kept_busy(tmp_path):
+    log = tmp_path / "phases.tsv"
+    phases(log, "start")
+    phases(log, "run", "spin", "--", sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass")
+    row = phases(log, "report").stdout.splitlines()[1]
+    busy = int(row.split()[-2].rstrip("%"))
+    assert 0 < busy <= 100  # one spinning process keeps at least part of the machine busy
+
+
+def test_a_record_written_before_the_busy_column_still_reports(tmp_path):
+    log = tmp_path / "phases.tsv"
+    log.write_text("old phase\t60.0\t0\t1.0\t1.0\n")
+    row = phases(log, "report").stdout.splitlines()[1]
+    assert row.split()[:2] == ["old", "phase"] and row.split()[-2:] == ["?", "ok"]

@@ -29,9 +29,9 @@ def test_the_table_lists_the_longest_unit_first_and_the_total_last():
     times.add("tests/x/test_short.py::t", 60.0)
     times.add("tests/x/test_long.py::t", 600.0)
     lines = times.lines()
-    assert lines[1].split() == ["10.0", "1", "tests/x/test_long.py"]
-    assert lines[2].split() == ["1.0", "1", "tests/x/test_short.py"]
-    assert lines[-1].split()[:2] == ["11.0", "2"]
+    assert lines[1].split() == ["10.0", "0.0", "1", "tests/x/test_long.py"]
+    assert lines[2].split() == ["1.0", "0.0", "1", "tests/x/test_short.py"]
+    assert lines[-1].split()[:3] == ["11.0", "0.0", "2"]
 
 
 def test_only_the_slowest_units_are_shown_but_the_total_counts_all():
@@ -41,3 +41,24 @@ def test_only_the_slowest_units_are_shown_but_the_total_counts_all():
     lines = times.lines(shown=2)
     assert len(lines) == 1 + 2 + 1 and "slowest 2 of 5" in lines[0]
     assert lines[-1].split()[0] == "15.0"
+
+
+def test_each_unit_shows_its_cpu_minutes_beside_its_wall_minutes_and_the_total_sums_them():
+    times = UnitTimes(by_unit)
+    times.add("tests/x/test_waits.py::t", 600.0, cpu_seconds=60.0)
+    times.add("tests/x/test_computes.py::t", 120.0, cpu_seconds=120.0)
+    lines = times.lines()
+    assert lines[1].split() == ["10.0", "1.0", "1", "tests/x/test_waits.py"]
+    assert lines[2].split() == ["2.0", "2.0", "1", "tests/x/test_computes.py"]
+    assert lines[-1].split()[:2] == ["12.0", "3.0"]
+
+
+def test_cpu_seconds_now_counts_a_waited_child_process():
+    import subprocess
+    import sys
+
+    from unit_times import cpu_seconds_now
+
+    before = cpu_seconds_now()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    assert cpu_seconds_now() - before > 0.05

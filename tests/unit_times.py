@@ -2,11 +2,14 @@
 log (issue 43's budget). A unit is what one xdist worker runs in one go: a test module, or the tests of one local
 SLURM cluster (tests/conftest.py's `_work_unit` decides). Time is the sum of each test's setup, call and teardown as
 the worker measured it, so a unit's time is its share of one worker's wall time (on the controller, with or without
-xdist).
+xdist). Beside it, the CPU time the unit used: the worker's own and that of the child processes it waited for
+(subprocesses, torchrun and its ranks; not SLURM jobs, which slurmd runs), so a unit that mostly waits shows a low
+CPU share and the machine's utilisation over the run is the total CPU over (cores x wall).
 """
 
 from __future__ import annotations
 
+import resource
 from collections import defaultdict
 from typing import Callable
 
@@ -19,23 +22,32 @@ class UnitTimes:
     def __init__(self, unit_of: Callable[[str], str]) -> None:
         self.unit_of = unit_of
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu_seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
 
-    def add(self, nodeid: str, seconds: float) -> None:
+    def add(self, nodeid: str, seconds: float, cpu_seconds: float = 0.0) -> None:
         """Count one phase (setup, call or teardown) of one test."""
         unit = self.unit_of(nodeid)
         self.seconds[unit] += seconds
+        self.cpu_seconds[unit] += cpu_seconds
         self.tests[unit].add(nodeid)
 
     def lines(self, shown: int = SHOWN) -> list[str]:
         """The slowest units, longest first, with the total over all units."""
         ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
-        total = sum(self.seconds.values())
-        out = [f"{'minutes':>8}  {'tests':>5}  unit (slowest {min(shown, len(ranked))} of {len(ranked)})"]
-        out += [f"{seconds / 60:8.1f}  {len(self.tests[unit]):5d}  {unit}" for unit, seconds in ranked[:shown]]
-        out.append(f"{total / 60:8.1f}  {sum(len(t) for t in self.tests.values()):5d}  all units (worker time, "
-                   f"summed over workers)")
+        total, cpu_total = sum(self.seconds.values()), sum(self.cpu_seconds.values())
+        out = [f"{'minutes':>8}  {'cpu min':>7}  {'tests':>5}  unit (slowest {min(shown, len(ranked))} of {len(ranked)})"]
+        out += [f"{seconds / 60:8.1f}  {self.cpu_seconds[unit] / 60:7.1f}  {len(self.tests[unit]):5d}  {unit}"
+                for unit, seconds in ranked[:shown]]
+        out.append(f"{total / 60:8.1f}  {cpu_total / 60:7.1f}  {sum(len(t) for t in self.tests.values()):5d}  "
+                   f"all units (worker time, summed over workers)")
         return out
+
+
+def cpu_seconds_now() -> float:
+    """User + system time of this process and of the children it has waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def report(unit_times: UnitTimes, terminalreporter) -> None:
