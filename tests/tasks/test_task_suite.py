@@ -1,8 +1,8 @@
 """`python -m pretrain reproduce --suite tasks`: end to end at cpu-tiny (1 and 2 seeds, resumable, --report-only)
 and papers-protocol scaled down; presets and config checks.
 
-Runtime: the three slow e2e tests ~1 CPU-minute each (cpu-tiny measured 69.5 CPU-s: 8 tiny trainings of 3 steps,
-each its own process; minutes of wall time on a loaded machine); every preset's configs validated in ~5 s; the
+Runtime: the cpu-tiny e2e tests share one output directory taken through five invocations (10 tiny trainings of 3
+steps, each its own process; ~1.5 CPU-minutes, minutes of wall time on a loaded machine); every preset's configs validated in ~5 s; the
 rest < 1 s.
 """
 
@@ -27,26 +27,81 @@ def reproduce_tasks(out: Path, *extra: str, preset: str = "cpu-tiny") -> subproc
                           timeout=1500)
 
 
+@pytest.fixture(scope="module")
+def tiny_suite(tmp_path_factory):
+    """One output directory taken through the invocations a user makes, each run trained once for the module:
+    the baseline alone; every method (1 seed); the same again (resumes, trains nothing); a second seed for the
+    baseline and RFS; a --report-only report of both seeds. Returns (output dir, {step: completed process})."""
+    out = tmp_path_factory.mktemp("tasks")
+    steps = {
+        "baseline": ["--methods", "baseline"],
+        "every method": [],
+        "every method again": [],
+        "two seeds": ["--num-seeds", "2", "--methods", "baseline", "rfs"],
+        "two seeds, report only": ["--num-seeds", "2", "--methods", "baseline", "rfs", "--report-only"],
+    }
+    done = {}
+    for step, extra in steps.items():
+        done[step] = reproduce_tasks(out, *extra)
+        assert done[step].returncode == 0, f"{step}:\n" + done[step].stdout[-3000:] + done[step].stderr[-3000:]
+        if step == "every method":  # the one-seed report, before the two-seed steps rewrite it
+            done["one-seed results"] = json.loads((out / "results.json").read_text())
+            done["one-seed report"] = (out / "report.md").read_text()
+    return out, done
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_cpu_tiny_suite_writes_a_report_for_every_method_and_resumes(tmp_path):
-    first = reproduce_tasks(tmp_path)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
+def test_cpu_tiny_suite_writes_a_report_for_every_method(tiny_suite):
+    out, done = tiny_suite
+    results = done["one-seed results"]
     assert results["methods"] == ["baseline", "posaug", "rfs", "rpe", "warp", "nope", "alibi", "rfs_alibi"]
     for record in results["records"]:
         assert [r["length"] for r in record["lengths"]] == list(range(1, 13))
         assert all(0.0 <= r["accuracy"] <= 1.0 for r in record["lengths"])
         assert [r["seen"] for r in record["lengths"]] == [True] * 3 + [False] * 9
-    report = (tmp_path / "report.md").read_text()
+    report = done["one-seed report"]
     # 3 steps learn nothing: the gate marks copy and no ranking is computed from it.
-    assert "| copy (not learned — no verdict) |" in report and (tmp_path / "accuracy_copy.png").stat().st_size > 0
+    assert "| copy (not learned — no verdict) |" in report and (out / "accuracy_copy.png").stat().st_size > 0
     assert results["gate"]["copy"]["passed"] is False and results["ranking"]["accuracy"] == []
     assert all("token_accuracy" in r for record in results["records"] for r in record["lengths"])
     assert len(results["timing"]["per_run_train_cpu_s"]) == 8 and results["timing"]["train_cpu_s"] > 0
     assert "**estimated** wall time" in report and "## Against the RoPE baseline" in report
-    again = reproduce_tasks(tmp_path)
-    assert again.returncode == 0 and "to train" not in again.stdout and "[eval" not in again.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_rerun_of_a_finished_suite_trains_and_evaluates_nothing(tiny_suite):
+    _, done = tiny_suite
+    assert "to train" not in done["every method again"].stdout and "[eval" not in done["every method again"].stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_two_seeds_report_mean_and_spread(tiny_suite):
+    out, _ = tiny_suite
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [42, 137]
+    unseen = results["summary"]["copy"]["rfs"]["unseen"]
+    assert [p["seed"] for p in unseen["per_seed"]] == [42, 137] and unseen["sd"] >= 0.0
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_report_only_rerun_trains_nothing(tiny_suite):
+    _, done = tiny_suite
+    report_only = done["two seeds, report only"].stdout
+    assert "to train" not in report_only and "[eval" not in report_only
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_every_training_invocation_is_recorded_and_a_report_only_one_is_not(tiny_suite):
+    out, _ = tiny_suite
+    invocations = json.loads((out / "timing" / "invocations.json").read_text())
+    # baseline; the 7 other methods; the rerun trains nothing; baseline and RFS of seed 137; report only
+    assert [r["runs_trained"] for r in invocations] == [1, 7, 0, 2] and all(r["wall_s"] > 0 for r in invocations)
+    assert "in 4 invocation(s) on this output directory" in (out / "report.md").read_text()
 
 
 def test_unknown_method_is_one_line_and_exit_code_2(tmp_path):
@@ -58,30 +113,6 @@ def test_the_former_method_name_rope_is_refused_naming_baseline(tmp_path):
     proc = reproduce_tasks(tmp_path, "--methods", "rope")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert "rope is now baseline" in proc.stderr
-
-
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_two_seeds_report_mean_and_spread_and_a_report_only_rerun_trains_nothing(tmp_path):
-    first = reproduce_tasks(tmp_path, "--num-seeds", "2", "--methods", "baseline", "rfs")
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert results["seeds"] == [42, 137]
-    unseen = results["summary"]["copy"]["rfs"]["unseen"]
-    assert [p["seed"] for p in unseen["per_seed"]] == [42, 137] and unseen["sd"] >= 0.0
-    again = reproduce_tasks(tmp_path, "--num-seeds", "2", "--methods", "baseline", "rfs", "--report-only")
-    assert again.returncode == 0 and "to train" not in again.stdout and "[eval" not in again.stdout
-
-
-def test_every_training_invocation_is_recorded_and_a_report_only_one_is_not(tmp_path):
-    first = reproduce_tasks(tmp_path, "--methods", "baseline")
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    second = reproduce_tasks(tmp_path, "--methods", "baseline", "nope")
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert reproduce_tasks(tmp_path, "--methods", "baseline", "nope", "--report-only").returncode == 0
-    invocations = json.loads((tmp_path / "timing" / "invocations.json").read_text())
-    assert [r["runs_trained"] for r in invocations] == [1, 1] and all(r["wall_s"] > 0 for r in invocations)
-    assert "in 2 invocation(s) on this output directory" in (tmp_path / "report.md").read_text()
 
 
 def test_report_only_without_evaluations_is_one_line_and_exit_code_2(tmp_path):
