@@ -9,6 +9,9 @@ match on seen lengths, pretrain.tasks.verdict); benchmarks/README.md records how
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+from pretrain.table import I_ROPE, I_ROPE_FLOOR, P_ROPE, SSMAX
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,12 @@ class Method:
     # positions.max_position: "eval" = the longest evaluation input (RPE must cover it; RFS on ALiBi
     # uses "the maximum input length of the dataset", RFS App. B.4); "rfs" = 8 × the training window.
     max_position: str | None = None
+    # model.* fields that scale with the task's training window w: (name, w -> value), as pretrain.table's
+    model_in_windows: tuple[tuple[str, Callable[[int], float]], ...] = ()
+
+    def model_fields(self, window: int) -> dict:
+        """The `model` fields of this row at training window `window`."""
+        return {**self.model, **{name: rule(window) for name, rule in self.model_in_windows}}
 
 
 METHODS: dict[str, Method] = {
@@ -34,6 +43,21 @@ METHODS: dict[str, Method] = {
     "rfs_alibi": Method({"position_embedding_type": "alibi"}, {"strategy": "rfs", "granularity": "per_sample"},
                         max_position="eval"),
 }
+POSAUG_POSITIONS = METHODS["posaug"].positions
+# The rows above are every preset's default; what 2025 models ship (pretrain/table.py's rows, issue 40) are opt-in
+# with --methods, as in the LM table. The probe model has 3 layers, where Llama 4's one-in-four would leave no NoPE
+# layer: its last layer is the NoPE one (no_rope_freq = 3), with the temperature floor at the task's window.
+DEFAULT_METHODS = tuple(METHODS)
+_I_ROPE_3 = {**I_ROPE, "no_rope_freq": 3}
+METHODS.update({
+    "prope": Method(P_ROPE, {"strategy": "none"}),
+    "irope": Method(_I_ROPE_3, {"strategy": "none"}, model_in_windows=I_ROPE_FLOOR),
+    "ssmax": Method({}, {"strategy": "none"}, model_in_windows=SSMAX),
+    # PoSE's skipped positions cover the same 8w target range as RFS's
+    "pose": Method({}, {"strategy": "pose", "pose_chunks": 2}, max_position="rfs"),
+    "posaug_prope": Method(P_ROPE, POSAUG_POSITIONS),
+    "posaug_irope": Method(_I_ROPE_3, POSAUG_POSITIONS, model_in_windows=I_ROPE_FLOOR),
+})
 
 
 @dataclass(frozen=True)
@@ -47,7 +71,7 @@ class SuitePreset:
     lr: float
     eval_factor: int = 4  # evaluate lengths 1 .. eval_factor · N
     eval_count: int = 200  # examples per length
-    methods: tuple[str, ...] = tuple(METHODS)
+    methods: tuple[str, ...] = DEFAULT_METHODS
     # task -> overrides of train_iters, lr, global_batch_size (numbers) and model (a dict merged into model)
     budgets: dict[str, dict] = field(default_factory=dict)
     # task -> longest evaluated length (instead of eval_factor · N), e.g. Ruoss et al.'s 500

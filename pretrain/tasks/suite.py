@@ -51,7 +51,7 @@ def run_config(preset: SuitePreset, task: str, method: str, seed: int, run_dir: 
     iters = budget["train_iters"]
     return {
         "name": run_dir.name, "seed": seed, "preset": "cpu-small",
-        "model": {**budget["model"], "seq_length": window, "vocab_size": VOCAB_SIZE, **row.model},
+        "model": {**budget["model"], "seq_length": window, "vocab_size": VOCAB_SIZE, **row.model_fields(window)},
         "positions": positions,
         "data": {"task": task, "task_min_length": lo, "task_max_length": hi},
         "schedule": {"train_iters": iters, "global_batch_size": budget["global_batch_size"],

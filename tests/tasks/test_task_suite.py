@@ -157,12 +157,13 @@ def test_bad_task_settings_name_the_field_and_fix(data, message):
         task_config(**data).validate(world_size=1)
 
 
-def test_the_long_preset_covers_every_task_and_method_at_200_examples_per_length_up_to_4n():
+def test_the_long_preset_covers_every_task_and_default_method_at_200_examples_per_length_up_to_4n():
     from pretrain.tasks.generators import TASKS
-    from pretrain.tasks.suite import METHODS, PRESETS
+    from pretrain.tasks.presets import DEFAULT_METHODS
+    from pretrain.tasks.suite import PRESETS
 
     long = PRESETS["cpu-long"]
-    assert set(long.tasks) == set(TASKS) and set(long.methods) == set(METHODS)
+    assert set(long.tasks) == set(TASKS) and set(long.methods) == set(DEFAULT_METHODS)
     assert long.eval_count >= 200 and long.eval_factor >= 4
 
 
@@ -185,3 +186,49 @@ def test_every_preset_task_budget_builds_a_valid_training_config(tmp_path):
                 config.validate(world_size=1)
                 assert config.schedule.train_iters == preset.iters(task)
 
+
+
+MODERN_ROWS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope")
+
+
+def test_the_rows_current_models_ship_are_opt_in_and_every_default_stays_the_eight_earlier_rows():
+    from pretrain.tasks.suite import METHODS, PRESETS
+
+    assert set(MODERN_ROWS) <= set(METHODS)
+    for preset in PRESETS.values():
+        assert not set(MODERN_ROWS) & set(preset.methods)
+    assert PRESETS["cpu-long"].methods == ("baseline", "posaug", "rfs", "rpe", "warp", "nope", "alibi", "rfs_alibi")
+
+
+def test_every_row_current_models_ship_builds_a_valid_config_for_every_task_of_cpu_long(tmp_path):
+    from pretrain.tasks.suite import PRESETS, run_config
+
+    preset = PRESETS["cpu-long"]
+    for task in preset.tasks:
+        for method in MODERN_ROWS:
+            config = config_module.from_dict(run_config(preset, task, method, 42, tmp_path / f"{task}_{method}"))
+            config.validate(world_size=1)
+
+
+def test_the_irope_row_makes_the_probe_models_last_layer_nope_with_the_temperature_floor_at_the_window(tmp_path):
+    from pretrain.tasks.suite import PRESETS, run_config, sequence_tokens
+
+    preset = PRESETS["cpu-long"]
+    raw = run_config(preset, "copy", "irope", 42, tmp_path / "r")
+    layers = raw["model"]["num_layers"]
+    assert layers == 3 and raw["model"]["no_rope_freq"] == layers  # layer 3 of 3 without RoPE
+    assert raw["model"]["attn_temperature_floor"] == sequence_tokens("copy", preset.tasks["copy"][1])
+    assert raw["positions"] == {"strategy": "none"}
+
+
+def test_the_ssmax_and_pose_rows_follow_the_lm_tables_rules_at_the_tasks_window(tmp_path):
+    import math
+
+    from pretrain.tasks.suite import PRESETS, run_config, sequence_tokens
+
+    preset = PRESETS["cpu-long"]
+    window = sequence_tokens("reverse", preset.tasks["reverse"][1])
+    assert run_config(preset, "reverse", "ssmax", 42, tmp_path / "s")["model"]["ssmax_scale"] == \
+        pytest.approx(1 / math.log(window))
+    pose = run_config(preset, "reverse", "pose", 42, tmp_path / "p")["positions"]
+    assert pose["strategy"] == "pose" and pose["max_position"] == 8 * window
