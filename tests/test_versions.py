@@ -41,7 +41,9 @@ def _constraints() -> dict[str, str]:
 
 
 def _makefile_variable(name: str) -> str:
-    return re.search(rf"^{name} := (\S+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    """A `NAME := value` of the Makefile, its backslash-continued lines joined."""
+    text = (REPO / "Makefile").read_text().replace("\\\n", " ")
+    return " ".join(re.search(rf"^{name} := (.+)$", text, re.M).group(1).split())
 
 
 @pytest.mark.parametrize("package", ["torch", "megatron-core"])
@@ -85,8 +87,7 @@ def test_makefile_applies_the_constraints_to_every_install_of_the_main_environme
 
 
 def test_makefile_matrix_holds_every_tested_megatron_core_but_the_pinned_one():
-    assert re.search(r"^MCORE_MATRIX := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1).split() == \
-        list(TESTED_MEGATRON_CORE[1:])
+    assert _makefile_variable("MCORE_MATRIX").split() == list(TESTED_MEGATRON_CORE[1:])
     assert _makefile_variable("MCORE_NEWEST") == TESTED_MEGATRON_CORE[-1]
 
 
@@ -95,8 +96,7 @@ def _our_imports(source: str) -> set[str]:
 
 
 def test_what_the_newest_fast_suite_leaves_out_imports_no_megatron_and_no_module_only_it_tests():
-    text = (REPO / "Makefile").read_text().replace("\\\n", " ")
-    left_out = re.search(r"^NEWEST_FAST_IGNORE := (.+)$", text, re.M).group(1).split()
+    left_out = _makefile_variable("NEWEST_FAST_IGNORE").split()
     kept = [path for path in (REPO / "tests").rglob("test_*.py") if str(path.relative_to(REPO)) not in left_out]
     imported_by_kept = set().union(*(_our_imports(path.read_text()) for path in kept))
     for path in left_out:
