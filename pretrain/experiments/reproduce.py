@@ -116,8 +116,11 @@ def train_runs(out: Path, preset: Preset, seeds: list[int], data_prefix: str,
 
 
 def evaluate_run(run_dir: Path, label: str, seed: int, preset: Preset, spans: torch.Tensor,
-                 rope_scaling: str | None = None) -> dict:
-    """Per-span losses at evaluation positions, cliff pieces per span, exact G(C); one JSON-able record."""
+                 rope_scaling: str | None = None, backend: str | None = None) -> dict:
+    """Per-span losses at evaluation positions, cliff pieces per span, exact G(C); one JSON-able record.
+
+    backend None: transformers where the method exports, else the Megatron model (same losses, tested).
+    """
     from pretrain.evaluation.metrics import context_gain, per_position_loss, span_cliffs
     from pretrain.evaluation.scorers import load_scorer
 
@@ -126,12 +129,13 @@ def evaluate_run(run_dir: Path, label: str, seed: int, preset: Preset, spans: to
     from megatron_ext.model import ModelConfig
     from pretrain.hf.export import check_exportable
 
-    try:
-        check_exportable(ModelConfig(**METHODS[label].model_fields(preset.window)) if label in METHODS
-                         else ModelConfig())
-        backend = "hf"
-    except ValueError:
-        backend = "megatron"
+    if backend is None:
+        try:
+            check_exportable(ModelConfig(**METHODS[label].model_fields(preset.window)) if label in METHODS
+                             else ModelConfig())
+            backend = "hf"
+        except ValueError:
+            backend = "megatron"
     scorer = load_scorer(run_dir, backend=backend, rope_scaling=rope_scaling, name=label,
                          device="cuda" if torch.cuda.is_available() else "cpu")  # a GPU node of `--slurm`
     losses = per_position_loss(scorer, spans).double()  # [n, L-1]; index i = target position i+1

@@ -93,3 +93,19 @@ def test_long_preset_has_a_larger_window_more_tokens_and_evaluates_at_8w():
     assert long.train_tokens > small.train_tokens
     assert long.eval_length == 8 * long.window
     assert long.train_tokens % (long.global_batch_size * long.window) == 0
+
+
+def test_gpu_preset_is_the_papers_10m_model_at_2048_for_500m_tokens_evaluated_at_16k():
+    gpu = PRESETS["gpu-10m"]
+    assert (gpu.model, gpu.window, gpu.train_tokens, gpu.eval_length) == ("10m", 2048, 500_000_000, 16384)
+    assert gpu.gain_spans == 0  # exact G(C) costs a pass per target token: not at 16K
+
+
+@pytest.mark.parametrize("method", ["posaug", "prope", "irope", "ssmax", "pose"])
+def test_gpu_preset_config_of_each_modern_method_is_valid_in_bf16_with_local_layers(method, tmp_path):
+    from pretrain.experiments.reproduce import train_config
+
+    config = train_config(PRESETS["gpu-10m"], method, 42, "data/corpus", tmp_path / method,
+                          ["model.bf16=true", "model.transformer_impl=local"])
+    assert (config.model.seq_length, config.model.bf16, config.schedule.global_batch_size) == (2048, True, 128)
+    assert config.schedule.train_iters == 500_000_000 // (128 * 2048)
