@@ -94,7 +94,7 @@ def calibrate(out: Path, preset, prefix: str, overrides: list[str],
     """(tokens/s of one run alone, its start-up seconds, the overrides that trained): the ATTEMPTS in order."""
     for attempt in ATTEMPTS:
         tried = [*overrides, *attempt, f"schedule.train_iters={CALIBRATION_STEPS}",
-                 f"logging.log_interval={CALIBRATION_STEPS // 2}", f"checkpoint.save_interval={CALIBRATION_STEPS}"]
+                 f"logging.log_interval={CALIBRATION_STEPS // 2}", f"checkpoint.save_interval={CALIBRATION_STEPS}", "optimizer.lr_warmup_iters=1"]
         name = "calibrate_" + "_".join(a.rsplit(".", 1)[1].replace("=", "_") for a in attempt)
         config = write_config(out, preset, "baseline", 1, prefix, name, tried)
         log_path = out / "logs" / f"{name}.log"

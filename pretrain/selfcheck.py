@@ -254,7 +254,8 @@ def check_bf16_vs_fp32() -> str:
 
     fp32 = build_model(_tiny_model()).cuda().eval()
     bf16 = build_model(_tiny_model(bf16=True)).cuda().eval()
-    bf16.load_state_dict({k: v.to(torch.bfloat16) if v.is_floating_point() else v
+    # Megatron's state dicts hold `_extra_state` entries (None for local layers) beside the tensors
+    bf16.load_state_dict({k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
                           for k, v in fp32.state_dict().items()}, strict=False)
     batch = {k: v.cuda() for k, v in _batch(_tiny_model()).items()}
     positions = torch.arange(batch["tokens"].shape[1], dtype=torch.float32, device="cuda")
