@@ -43,14 +43,16 @@ FLIGHT_RECORDER_ENTRIES = "2000"  # torch's flight recorder: the last collective
 
 
 def initialize(parallel: ParallelConfig, seed: int) -> None:
-    """Create the world group (NCCL on GPU, gloo on CPU) and Megatron's model-parallel groups, all with
+    """Create the world group (NCCL + gloo on GPU, gloo on CPU) and Megatron's model-parallel groups, all with
     `parallel.distributed_timeout_minutes`."""
     timeout_s = 60.0 * parallel.distributed_timeout_minutes + PG_GRACE_S
     if not torch.cuda.is_available():
         cpu_compat.apply()
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
+        # On GPUs, NCCL for CUDA tensors and gloo beside it for the small CPU tensors the trainer agrees on
+        # (loss, flags, checkpoint outcome): NCCL alone refuses those ("No backend type ... cpu", first GPU run).
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         # read when a group is created; the hang watchdog dumps it beside the stacks (NCCL and gloo alike)
         if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ:  # the deprecated name, when a user set it
