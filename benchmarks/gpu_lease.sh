@@ -9,6 +9,8 @@
 set -u
 start=$(date +%s)
 budget=${1:-560}
+shift
+# further arguments go to gpu_lease.py (e.g. --tokens-per-s R --eval-reserve S, from an earlier lease)
 out=${OUT:-/tmp/gpu_lease_out}
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -19,7 +21,7 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 (timeout 200 python3 -m pretrain selfcheck >"$out/selfcheck.txt" 2>&1
  echo "selfcheck exit $? after $(($(date +%s) - start)) s" >>"$out/selfcheck.txt") &
 timeout $((start + budget - $(date +%s))) python3 benchmarks/gpu_lease.py --output /tmp/lease \
-  --data-prefix .gpu_data/data/shards/corpus --deadline $((start + budget - 15)) >"$out/lease.log" 2>&1
+  --data-prefix .gpu_data/data/shards/corpus --deadline $((start + budget - 15)) "$@" >"$out/lease.log" 2>&1
 echo "gpu_lease exit $? after $(($(date +%s) - start)) s" >>"$out/lease.log"
 wait
 cp /tmp/lease/report.md /tmp/lease/results.json /tmp/lease/per_position_loss.png "$out/" 2>/dev/null

@@ -36,7 +36,9 @@ def _exercises(model_config, batch: dict) -> dict[str, Callable[[dict], str]]:
     from pretrain.trainer.config import OptimizerSettings
     from pretrain.trainer.engine import Engine
 
-    tokens = batch["tokens"]
+    # the Engine moves its model to the GPU when there is one; the other exercises follow it there
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    tokens = batch["tokens"].to(device)
     steps = {}
 
     def step(state: dict) -> str:
@@ -56,14 +58,14 @@ def _exercises(model_config, batch: dict) -> dict[str, Callable[[dict], str]]:
         run_dir = state["tmp"]
         saved = checkpoint.save(run_dir, 1, state["engine"], {}, keep_last=1)
         record = checkpoint.load(saved, state["engine"])
-        model = build_model(model_config)
+        model = build_model(model_config).to(device)
         checkpoint.load_model_weights(saved, model)
         state["model"] = model.eval()
         return f"saved and loaded iteration {record['iteration']}"
 
     def float_positions(state: dict) -> str:
         model = state["model"]
-        arange = torch.arange(tokens.shape[1], dtype=torch.float32)
+        arange = torch.arange(tokens.shape[1], dtype=torch.float32, device=device)
         moved = (_logits(model, tokens, arange * 2.5) - _logits(model, tokens, arange)).abs().max().item()
         if moved == 0.0:
             raise AssertionError("logits at positions 2.5·i equal those at i: the float positions were ignored")
@@ -92,7 +94,7 @@ def _exercises(model_config, batch: dict) -> dict[str, Callable[[dict], str]]:
         from pretrain.hf.export import megatron_to_llama
 
         model = state["model"]
-        hf = megatron_to_llama(model, model_config).eval()
+        hf = megatron_to_llama(model, model_config).to(device).eval()
         with torch.no_grad():
             theirs = hf(tokens).logits.float()
         ours = _logits(model, tokens, state["positions"])[..., :model_config.vocab_size]

@@ -116,7 +116,7 @@ class Scorer(abc.ABC):
         self.check_tokens(tokens)
         rope = self.eval_positions(tokens.shape[1]) if rope is None else rope
         hidden, head = self.hidden_and_head(tokens, rope)
-        targets = tokens[:, 1:]
+        targets = tokens[:, 1:].to(hidden.device)  # the spans arrive on the CPU; the model may be on a GPU
         losses = []
         for start in range(0, tokens.shape[1] - 1, HEAD_CHUNK):
             stop = min(start + HEAD_CHUNK, tokens.shape[1] - 1)
