@@ -55,28 +55,27 @@ def write_config(out: Path, preset, method: str, seed: int, prefix: str, name: s
     return path
 
 
-def train(config: Path, log_path: Path, timeout: float) -> subprocess.Popen:
-    """Start `python -m pretrain train --config` with its output in log_path."""
+def train(config: Path, log_path: Path, timeout: float) -> tuple[subprocess.Popen, float]:
+    """Start `python -m pretrain train --config` with its output in log_path; (process, its deadline)."""
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    handle = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", str(config)],
-                            stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    proc.deadline = time.time() + timeout  # type: ignore[attr-defined]
-    return proc
+    with open(log_path, "w") as handle:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", str(config)],
+                                stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, time.time() + timeout
 
 
-def wait_all(procs: dict[str, subprocess.Popen]) -> dict[str, int]:
+def wait_all(procs: dict[str, tuple[subprocess.Popen, float]]) -> dict[str, int]:
     """Wait for every process until its deadline; kill the process group of those past it (rc -9)."""
     import signal
 
     codes: dict[str, int] = {}
     while len(codes) < len(procs):
-        for name, proc in procs.items():
+        for name, (proc, deadline) in procs.items():
             if name in codes:
                 continue
             if proc.poll() is not None:
                 codes[name] = proc.returncode
-            elif time.time() > proc.deadline:  # type: ignore[attr-defined]
+            elif time.time() > deadline:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 codes[name] = -9
