@@ -46,7 +46,9 @@ $(VENV)/.installed-core: $(BIN)/python setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[data,hf]'
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed-core system-deps
+# system-deps is order-only: it checks the Debian packages every time, but a present package set must not
+# re-run the pip install (it did, in every later phase of `make test`).
+$(VENV)/.installed-test: $(VENV)/.installed-core | system-deps
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[data,hf,mpi,dev,eval,wandb]'
 	touch $@
 

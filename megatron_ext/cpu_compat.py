@@ -17,7 +17,11 @@ first torch.compile call imports torch._dynamo, ~5 of the ~7.5 CPU-seconds `impo
 (measured on 2 cores: 9.3 s user with, 4.5 s without; torch alone 2.3 s). Each decorated function gets a
 wrapper that calls torch.compile on its first call, which is when torch.compile compiles anyway, so a
 run that calls a fusion compiles it as before and one that never does (the local layers, every CPU run)
-never pays for torch._dynamo. torch.compile is itself again once megatron.core has imported.
+never pays for torch._dynamo. torch.compile is itself again once megatron.core has imported. For the same
+import, `wandb` is hidden unless something imported it before (~0.8 of the ~4.5 CPU-seconds left): megatron.core
+imports it optionally (timers.py, inference/contexts/dynamic_context.py, inference/engines/dynamic_engine.py) for
+Megatron's own timer and inference logging, which this project never calls; its W&B tracking
+(pretrain/trainer/tracking.py) imports wandb itself, after which `import wandb` works as usual.
 
 Versions (megatron_ext/versions.py says which tests run on which): every patch and the import
 shim are checked against megatron-core 0.16.1, 0.17.1, 0.18.2 and 0.19.2. No version string is
@@ -156,10 +160,15 @@ class _DeferCompileWhileMegatronImports(importlib.abc.MetaPathFinder):
         def exec_with_deferred_compile(module):
             compile_now = torch.compile
             torch.compile = deferred_compile(compile_now)
+            hide_wandb = "wandb" not in sys.modules
+            if hide_wandb:
+                sys.modules["wandb"] = None  # `import wandb` raises ImportError: Megatron's optional-import branch
             try:
                 exec_module(module)
             finally:
                 torch.compile = compile_now
+                if hide_wandb and sys.modules.get("wandb", False) is None:
+                    del sys.modules["wandb"]
 
         spec.loader.exec_module = exec_with_deferred_compile
         return spec

@@ -73,3 +73,24 @@ def test_megatron_core_imports_without_torch_dynamo_and_torch_compile_is_restore
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == {"dynamo": False, "restored": True, "jit_fuser_defers": True}
+
+
+IMPORT_MEGATRON_THEN_WANDB = """
+import json, sys
+import megatron_ext
+import megatron.core
+from megatron.core import timers
+imported_with_megatron = "wandb" in sys.modules
+import wandb
+print(json.dumps({"imported_with_megatron": imported_with_megatron, "megatron_sees": timers.wandb,
+                  "importable_after": hasattr(wandb, "init")}))
+"""
+
+
+def test_megatron_core_imports_without_wandb_and_wandb_imports_afterwards():
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", IMPORT_MEGATRON_THEN_WANDB], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"imported_with_megatron": False, "megatron_sees": None,
+                                                        "importable_after": True}
