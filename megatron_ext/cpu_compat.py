@@ -1,7 +1,8 @@
 """The one place that patches Megatron-Core so it runs on a CPU-only torch build (gloo).
 
 Megatron-Core assumes CUDA throughout. On a machine without CUDA, `apply()` installs seven
-small patches; each names the Megatron call site it serves. With CUDA available, `apply()`
+small patches; each names the Megatron call site it serves. An eighth only saves start-up time
+(torch.optim without torch._dynamo, torch's own sites). With CUDA available, `apply()`
 does nothing, so cluster runs use Megatron exactly as shipped. No other module of this
 project patches Megatron: `rope_hook.py` subclasses GPTModel (overriding its private
 `_preprocess`) and scales `softmax_scale` for the duration of a call, and
@@ -252,7 +253,76 @@ def apply() -> list[str]:
     _DEVICE_MODE = CudaToCpuMode()
     _DEVICE_MODE.__enter__()
     APPLIED.append("device_mode")
+
+    # 8) Not for correctness, for start-up: torch.optim imports torch._dynamo (~1.7 CPU-s, a quarter of a tiny
+    #    CPU training process) on the first add_param_group and every step, only to tell a torch.compile trace
+    #    to skip or break there. Nothing is compiled on this path (see _optimizers_without_dynamo).
+    if _optimizers_without_dynamo():
+        APPLIED.append("optim_without_dynamo")
     return APPLIED
+
+
+def _optimizers_without_dynamo() -> bool:
+    """Patch 8 (see apply): torch.optim's dynamo wrappers become what they do outside a torch.compile trace.
+
+    Private torch reaches, checked on torch 2.13 (the CPU pin; never on CUDA, where apply() does nothing):
+    `torch._compile._disable_dynamo` wrappers look up `fn.__dynamo_disable` before importing torch._dynamo, so
+    each wrapped optimizer function gets itself there (dynamo's `disable` only matters inside a trace); the
+    `step` of Adam, AdamW and SGD (`torch.optim.optimizer._use_grad_for_differentiable`, `__wrapped__`) sets
+    grad mode around the update and calls `torch._dynamo.graph_break()`, a no-op outside a trace: the
+    replacement sets grad mode only. A torch whose wrappers have other code is left alone (False); a process
+    that calls torch.compile still imports torch._dynamo then (the deferred Megatron fusions do on first call).
+    """
+    from torch._compile import _disable_dynamo
+    from torch.optim import optimizer as optimizer_module
+
+    disable_code = _disable_dynamo(lambda: None).__code__
+    use_grad_code = optimizer_module._use_grad_for_differentiable(lambda: None).__code__
+    if "fn" not in disable_code.co_freevars:
+        return False
+    seen: set[int] = set()
+
+    def skip_dynamo_lookup(function) -> None:
+        if id(function) in seen or not callable(function):
+            return
+        seen.add(id(function))
+        code = getattr(function, "__code__", None)
+        if code is disable_code:
+            wrapped = function.__closure__[code.co_freevars.index("fn")].cell_contents
+            if getattr(wrapped, "__dynamo_disable", None) is None:
+                wrapped.__dynamo_disable = wrapped
+            return
+        for cell in getattr(function, "__closure__", None) or ():
+            try:
+                skip_dynamo_lookup(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        skip_dynamo_lookup(getattr(function, "__wrapped__", None))
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.optim") and module is not None:
+            for value in list(vars(module).values()):
+                for candidate in vars(value).values() if isinstance(value, type) else (value,):
+                    skip_dynamo_lookup(candidate)
+    for cls in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD):
+        if getattr(cls.step, "__code__", None) is use_grad_code:
+            cls.step = _step_without_graph_breaks(cls.step.__wrapped__)
+    return True
+
+
+def _step_without_graph_breaks(update):
+    """An optimizer step as `_use_grad_for_differentiable` runs it outside a torch.compile trace."""
+
+    @functools.wraps(update)
+    def step(self, *args, **kwargs):
+        grad_enabled = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults.get("differentiable", False))
+            return update(self, *args, **kwargs)
+        finally:
+            torch.set_grad_enabled(grad_enabled)
+
+    return step
 
 
 def _patch_wrapped_torch_norm() -> None:

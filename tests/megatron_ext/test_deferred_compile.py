@@ -1,5 +1,6 @@
 """megatron.core imports without torch._dynamo (megatron_ext.cpu_compat's import shims): its torch.compile
-decorations compile at their first call, as torch.compile itself does, and torch.compile is itself again after."""
+decorations compile at their first call, as torch.compile itself does, and torch.compile is itself again after.
+On CPU, torch.optim's optimizers step without importing torch._dynamo either (cpu_compat patch 8), to the same bits."""
 
 from __future__ import annotations
 
@@ -94,3 +95,39 @@ def test_megatron_core_imports_without_wandb_and_wandb_imports_afterwards():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == {"imported_with_megatron": False, "megatron_sees": None,
                                                         "importable_after": True}
+
+
+OPTIMIZER_STEPS = """
+import json, sys, torch
+if sys.argv[1] == "patched":
+    from megatron_ext import cpu_compat
+    cpu_compat.apply()
+torch.manual_seed(0)
+results = {}
+for name in ("Adam", "AdamW", "SGD"):
+    weight = torch.nn.Parameter(torch.randn(4, 3))
+    kwargs = {"momentum": 0.9} if name == "SGD" else {}
+    optimizer = getattr(torch.optim, name)([weight], lr=0.1, weight_decay=0.01, **kwargs)
+    for _ in range(3):
+        optimizer.zero_grad()
+        (weight ** 2).sum().backward()
+        optimizer.step()
+    optimizer.load_state_dict(optimizer.state_dict())
+    optimizer.step()
+    results[name] = {"weight": weight.detach().flatten().tolist(), "grad_mode_after": torch.is_grad_enabled()}
+print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "results": results}))
+"""
+
+
+def optimizer_steps(mode: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", OPTIMIZER_STEPS, mode], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_cpu_optimizers_step_and_reload_without_importing_torch_dynamo_to_the_same_bits():
+    patched, unpatched = optimizer_steps("patched"), optimizer_steps("unpatched")
+    assert patched["dynamo"] is False and unpatched["dynamo"] is True
+    assert patched["results"] == unpatched["results"]
