@@ -247,12 +247,18 @@ printf '[posaug-slurm] command:'
 printf ' %q' "${SRUN_CMD[@]}" "${TRAIN_CMD[@]}"
 printf '\n'
 
-# ---- plan: memory per GPU and wall clock before anything starts (pretrain/plan, slurm/README.md) -------
-# Refuses (exit 2) when the predicted peak exceeds the GPU's memory; --no-plan-check / PLAN_CHECK=0 starts
-# anyway. PLAN_GPU names the GPU model (python -m pretrain plan --help lists them). A plan that cannot run
-# at all (no Python with torch on this host, e.g. a container-only setup) is a warning, not a refusal.
+# ---- plan and pre-flight, in one Python process (pretrain/preflight.py: one torch import, not two) --------
+# plan: memory per GPU and wall clock before anything starts (pretrain/plan, slurm/README.md). Refuses (exit 2)
+# when the predicted peak exceeds the GPU's memory; --no-plan-check / PLAN_CHECK=0 starts anyway. PLAN_GPU names
+# the GPU model (python -m pretrain plan --help lists them). A plan that cannot run at all (no Python with torch
+# on this host, e.g. a container-only setup) is a warning, not a refusal.
+# pre-flight: `train --check` loads the config as the trainer will, checks the layout for WORLD_SIZE ranks, the
+# data prefix (manifest and shards present, enough tokens) and that the data's tokenizer fits model.vocab_size.
+# The same check refuses the submit path, shows in the dry run, and ends a plain-sbatch job in its first
+# seconds, before the model is built.
 PLAN_CHECK=${PLAN_CHECK:-1}
 PLAN_GPU=${PLAN_GPU:-h100-80gb}
+PLAN_ARGS=()
 if [ "$DEVICE" = gpu ]; then
     if [ "$IN_JOB" = 1 ]; then
         _TIME_LIMIT=$(scontrol show job "$JOB_ID" 2>/dev/null | sed -n 's/.*TimeLimit=\([^ ]*\).*/\1/p' | head -n1)
@@ -260,16 +266,30 @@ if [ "$DEVICE" = gpu ]; then
     _TIME_LIMIT=${_TIME_LIMIT:-$(_sbatch_default time)}
     _LEAD=$(_sbatch_default signal)
     _LEAD=${_LEAD##*@}
-    PLAN_CMD=("$PYTHON" -m pretrain plan "$CONFIG" --gpu "$PLAN_GPU" --nodes "$NNODES"
-              --gpus-per-node "$TASKS_PER_NODE" --check --set "${SETS[@]}")
+    PLAN_ARGS=(--plan "$CONFIG" --gpu "$PLAN_GPU" --nodes "$NNODES" --gpus-per-node "$TASKS_PER_NODE" --check
+               --set "${SETS[@]}")
     case "$_TIME_LIMIT" in
         ''|UNLIMITED|Partition_Limit|NONE) ;;
-        *) PLAN_CMD+=(--slurm-time "$_TIME_LIMIT" --usr1-lead "${_LEAD:-0}") ;;
+        *) PLAN_ARGS+=(--slurm-time "$_TIME_LIMIT" --usr1-lead "${_LEAD:-0}") ;;
     esac
-    set +e
-    (cd "$POSAUG_ROOT" && "${PLAN_CMD[@]}")
-    _plan_rc=$?
-    set -e
+fi
+_PREFLIGHT_SETS=("${SETS[@]}")
+if [ "$IN_JOB" = 0 ] && [ "$DEVICE" = gpu ]; then
+    # a login node has no GPU: the distributed optimizer's device check is the job's (it runs this again)
+    _PREFLIGHT_SETS+=("parallel.use_distributed_optimizer=false")
+fi
+_CHECKS=$(mktemp -d "${TMPDIR:-/tmp}/posaug-preflight.XXXXXX")
+set +e
+(cd "$POSAUG_ROOT" && WORLD_SIZE=$WORLD_SIZE "$PYTHON" -m pretrain.preflight "$_CHECKS" "${PLAN_ARGS[@]}" \
+    --train --config "$CONFIG" --set "${_PREFLIGHT_SETS[@]}")
+_checks_rc=$?
+set -e
+_plan_rc=$(cat "$_CHECKS/plan.rc" 2>/dev/null || echo "$_checks_rc")
+_preflight_rc=$(cat "$_CHECKS/preflight.rc" 2>/dev/null || echo "$_checks_rc")
+_preflight=$(cat "$_CHECKS/preflight.out" 2>/dev/null || true)
+rm -rf "$_CHECKS"
+
+if [ "$DEVICE" = gpu ]; then
     if [ "$_plan_rc" = 2 ]; then
         if [ "$PLAN_CHECK" = 1 ]; then
             _die "the plan refuses this run (reason above): change the setting it names (e.g. OVERRIDES=schedule.micro_batch_size=1, TP/PP, more nodes, PLAN_GPU=<your GPU>), or pass --no-plan-check to start anyway"
@@ -282,21 +302,6 @@ else
     _log "plan: skipped (CPU run, no GPU memory to check)"
 fi
 
-# ---- pre-flight: config, data and tokenizer, before anything queues or any GPU is held --------------------
-# `train --check` loads the config as the trainer will, checks the layout for WORLD_SIZE ranks, the data
-# prefix (manifest and shards present, enough tokens) and that the data's tokenizer fits model.vocab_size.
-# The same check refuses the submit path, shows in the dry run, and ends a plain-sbatch job in its first
-# seconds, before the model is built.
-_PREFLIGHT_SETS=("${SETS[@]}")
-if [ "$IN_JOB" = 0 ] && [ "$DEVICE" = gpu ]; then
-    # a login node has no GPU: the distributed optimizer's device check is the job's (it runs this again)
-    _PREFLIGHT_SETS+=("parallel.use_distributed_optimizer=false")
-fi
-set +e
-_preflight=$(cd "$POSAUG_ROOT" && WORLD_SIZE=$WORLD_SIZE "$PYTHON" -m pretrain train --config "$CONFIG" --check \
-             --set "${_PREFLIGHT_SETS[@]}" 2>&1)
-_preflight_rc=$?
-set -e
 _reason=$(printf '%s\n' "$_preflight" | grep -v '^\s*$' | tail -n1)
 if [ "$_preflight_rc" = 2 ]; then
     # exit 2 is the check's refusal (config, data, tokenizer, layout). A dry run (settings, plan and command
@@ -306,7 +311,7 @@ if [ "$_preflight_rc" = 2 ]; then
 elif [ "$_preflight_rc" != 0 ]; then
     # the check could not run here (e.g. a login node whose python has no torch, the container's has): as for
     # the plan, a warning; the trainer validates the same config when it starts
-    _log "WARNING: could not run the pre-flight check ($PYTHON -m pretrain train --check exited $_preflight_rc: ${_reason}); continuing without it"
+    _log "WARNING: could not run the pre-flight check ($PYTHON -m pretrain train --check exited $_preflight_rc: ${_reason:-no output}); continuing without it"
 else
     _log "pre-flight: ${_preflight##*$'\n'}"
 fi

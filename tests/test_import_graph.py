@@ -40,7 +40,8 @@ ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (5, "task suite", ("pretrain.tasks",)),
     (5, "plan", ("pretrain.plan",)),
     (6, "experiments", ("pretrain.experiments",)),
-    (6, "entry points", ("pretrain$", "pretrain.__main__", "pretrain.selfcheck", "pretrain.selfcheck_reaches")),
+    (6, "entry points", ("pretrain$", "pretrain.__main__", "pretrain.preflight", "pretrain.selfcheck",
+                         "pretrain.selfcheck_reaches")),
 ]
 
 
