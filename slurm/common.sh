@@ -302,7 +302,7 @@ else
     _log "plan: skipped (CPU run, no GPU memory to check)"
 fi
 
-_reason=$(printf '%s\n' "$_preflight" | grep -v '^\s*$' | tail -n1)
+_reason=$(printf '%s\n' "$_preflight" | { grep -v '^\s*$' || true; } | tail -n1)
 if [ "$_preflight_rc" = 2 ]; then
     # exit 2 is the check's refusal (config, data, tokenizer, layout). A dry run (settings, plan and command
     # printed above) refuses as the submission would: one line, exit 2.
