@@ -19,7 +19,8 @@ first torch.compile call imports torch._dynamo, ~5 of the ~7.5 CPU-seconds `impo
 wrapper that calls torch.compile on its first call, which is when torch.compile compiles anyway, so a
 run that calls a fusion compiles it as before and one that never does (the local layers, every CPU run)
 never pays for torch._dynamo. torch.compile is itself again once megatron.core has imported. For the same
-import, `wandb` is hidden unless something imported it before (~0.8 of the ~4.5 CPU-seconds left): megatron.core
+import, `wandb` is hidden unless something imported it before (0.46 of the 4.15 CPU-seconds left;
+benchmarks/bench_import_cost.py): megatron.core
 imports it optionally (timers.py, inference/contexts/dynamic_context.py, inference/engines/dynamic_engine.py) for
 Megatron's own timer and inference logging, which this project never calls; its W&B tracking
 (pretrain/trainer/tracking.py) imports wandb itself, after which `import wandb` works as usual.
@@ -254,9 +255,9 @@ def apply() -> list[str]:
     _DEVICE_MODE.__enter__()
     APPLIED.append("device_mode")
 
-    # 8) Not for correctness, for start-up: torch.optim imports torch._dynamo (~1.7 CPU-s, a quarter of a tiny
-    #    CPU training process) on the first add_param_group and every step, only to tell a torch.compile trace
-    #    to skip or break there. Nothing is compiled on this path (see _optimizers_without_dynamo).
+    # 8) Not for correctness, for start-up: torch.optim imports torch._dynamo (0.59 CPU-s after megatron.core's
+    #    import, benchmarks/bench_import_cost.py) on the first add_param_group and every step, only to tell a trace
+    #    of torch.compile to skip or break there. Nothing is compiled on this path (see _optimizers_without_dynamo).
     if _optimizers_without_dynamo():
         APPLIED.append("optim_without_dynamo")
     return APPLIED
