@@ -72,7 +72,6 @@ def main(argv: list[str]) -> int:
     results, plan_args, train_args = split(argv)
     if plan_args is not None:
         code = _exit_code(["plan", *plan_args])
-        sys.stdout.flush()
         (results / "plan.rc").write_text(f"{code}\n")
     code = _to_file(results / "preflight.out", ["train", "--check", *train_args])
     (results / "preflight.rc").write_text(f"{code}\n")

@@ -57,6 +57,15 @@ def test_a_module_is_compiled_at_once():
     assert calls == [(layer, {})]
 
 
+def fresh_interpreter(code: str, *args: str) -> dict:
+    """The JSON that `code` prints last, run in a new Python (CPU only) whose first megatron.core import is its own."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 IMPORT_MEGATRON = """
 import json, sys, torch
 compile_before = torch.compile
@@ -69,11 +78,7 @@ print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "restored": torch.co
 
 
 def test_megatron_core_imports_without_torch_dynamo_and_torch_compile_is_restored():
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", IMPORT_MEGATRON], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == {"dynamo": False, "restored": True, "jit_fuser_defers": True}
+    assert fresh_interpreter(IMPORT_MEGATRON) == {"dynamo": False, "restored": True, "jit_fuser_defers": True}
 
 
 IMPORT_MEGATRON_THEN_WANDB = """
@@ -89,12 +94,8 @@ print(json.dumps({"imported_with_megatron": imported_with_megatron, "megatron_se
 
 
 def test_megatron_core_imports_without_wandb_and_wandb_imports_afterwards():
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", IMPORT_MEGATRON_THEN_WANDB], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == {"imported_with_megatron": False, "megatron_sees": None,
-                                                        "importable_after": True}
+    assert fresh_interpreter(IMPORT_MEGATRON_THEN_WANDB) == {
+        "imported_with_megatron": False, "megatron_sees": None, "importable_after": True}
 
 
 OPTIMIZER_STEPS = """
@@ -119,15 +120,8 @@ print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "results": results})
 """
 
 
-def optimizer_steps(mode: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", OPTIMIZER_STEPS, mode], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.splitlines()[-1])
-
 
 def test_cpu_optimizers_step_and_reload_without_importing_torch_dynamo_to_the_same_bits():
-    patched, unpatched = optimizer_steps("patched"), optimizer_steps("unpatched")
+    patched, unpatched = fresh_interpreter(OPTIMIZER_STEPS, "patched"), fresh_interpreter(OPTIMIZER_STEPS, "unpatched")
     assert patched["dynamo"] is False and unpatched["dynamo"] is True
     assert patched["results"] == unpatched["results"]
