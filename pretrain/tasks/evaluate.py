@@ -85,6 +85,9 @@ class LengthResult:
     seen: bool
     tokens_correct: int = 0
     tokens_total: int = 0
+    # Per held-out example (answer tokens right, answer tokens): every method of a seed sees the same examples, so
+    # two methods' results pair example by example (pretrain.tasks.versus).
+    example_tokens: tuple[tuple[int, int], ...] = ()
 
     @property
     def accuracy(self) -> float:
@@ -118,7 +121,7 @@ def accuracy_by_length(model: LogitsFn, task: str, lengths: Iterable[int], count
         scores = score(model, evaluation_examples(task, length, count, seed), positions_for, batch_size)
         results.append(LengthResult(length, sum(right == total for right, total in scores), len(scores),
                                     lo <= length <= hi, sum(right for right, _ in scores),
-                                    sum(total for _, total in scores)))
+                                    sum(total for _, total in scores), tuple(scores)))
     return results
 
 

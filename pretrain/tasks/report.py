@@ -158,6 +158,7 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
                  timing: dict) -> Path:
     """report.md, results.json and one plot per task under `out`."""
     from pretrain.tasks.compare import baseline_findings, nope_findings, paper_comparison, reach_table
+    from pretrain.tasks.versus import versus_all, versus_section
 
     summary = aggregate(records)
     methods = [m for m in preset.methods if any(m in rows for rows in summary.values())]
@@ -184,6 +185,7 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
         "\n".join(f"![{p.stem}]({p.name})" for p in plots),
         "## Against the RoPE baseline (computed from the tables; Δ beyond 2 SE counts)\n\n"
         + "\n".join(baseline_findings(summary, methods)),
+        versus_section(records, summary, methods),
         "## Against NoPE (does a RoPE position augmentation beat having no positions at all?)\n\n"
         + ("\n".join(nope_findings(summary, methods)) or "NoPE was not in this run."),
         "## Against the papers (computed: direction of each published difference vs ours)\n\n"
@@ -196,6 +198,9 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
          "train_lengths": {t: list(r) for t, r in preset.tasks.items()},
          "budgets": {t: preset.budget(t) for t in preset.tasks},
          "ranking": {metric: ranking(summary, methods, metric) for metric in METRICS},
-         "summary": summary, "records": records},
+         "summary": summary, "versus_posaug": versus_all(records, summary, methods),
+         # per-example scores stay in eval/<run>.json: thousands of pairs per run
+         "records": [{**r, "lengths": [{k: v for k, v in x.items() if k != "example_tokens"} for x in r["lengths"]]}
+                     for r in records]},
         indent=1))
     return report

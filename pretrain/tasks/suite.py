@@ -136,13 +136,33 @@ def _evaluate_timed(run_dir: Path, preset: SuitePreset, task: str, method: str, 
     return {**record, "eval_timing": {"wall_s": time.time() - started, "cpu_s": cpu}}
 
 
+def _without_examples(path: Path) -> bool:
+    """Was this cached evaluation written before per-example scores were stored (pretrain.tasks.versus pairs them)?"""
+    record = json.loads(path.read_text())
+    return not all(x.get("example_tokens") for x in record["lengths"])
+
+
 def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int], Path],
-                  jobs: int = 1) -> list[dict]:
-    """Evaluate every run once (cached as eval/<run>.json), `jobs` worker processes at a time."""
+                  jobs: int = 1, refresh: bool = True) -> list[dict]:
+    """Evaluate every run once (cached as eval/<run>.json), `jobs` worker processes at a time.
+
+    refresh: also re-evaluate cached evaluations without per-example scores whose checkpoint is still there; a
+    re-evaluation that changes a number keeps the former file as eval/<run>.before-examples.json and says so.
+    """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    todo = {key: run_dir for key, run_dir in runs.items() if not (out / "eval" / f"{run_dir.name}.json").is_file()}
+    from pretrain.trainer.checkpoint import latest_iteration
+
+    cached = {key: out / "eval" / f"{run_dir.name}.json" for key, run_dir in runs.items()}
+    todo = {key: run_dir for key, run_dir in runs.items() if not cached[key].is_file()}
+    stale = {key: run_dir for key, run_dir in runs.items() if refresh and key not in todo
+             and _without_examples(cached[key]) and latest_iteration(run_dir) is not None}
+    if stale:
+        _log(f"re-evaluating {len(stale)} run(s) evaluated before per-example scores were stored, so that methods "
+             "pair example by example")
+    former = {key: json.loads(cached[key].read_text()) for key in stale}
+    todo.update(stale)
     if todo:
         (out / "eval").mkdir(parents=True, exist_ok=True)
         threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -153,7 +173,14 @@ def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int
             for index, future in enumerate(as_completed(futures), 1):
                 task, method, seed = futures[future]
                 record = future.result()
-                (out / "eval" / f"{runs[futures[future]].name}.json").write_text(json.dumps(record))
+                key = futures[future]
+                if key in former and former[key]["lengths"] != [{k: v for k, v in x.items() if k != "example_tokens"}
+                                                                for x in record["lengths"]]:
+                    write_text_atomic(cached[key].with_suffix(".before-examples.json"), json.dumps(former[key]),
+                                      what="the former evaluation")
+                    _log(f"    {runs[key].name}: re-evaluation changed a count; the former evaluation is kept as "
+                         f"{cached[key].with_suffix('.before-examples.json')}")
+                write_text_atomic(cached[key], json.dumps(record), what="the run's evaluation")
                 seen, unseen = record["summary"]["seen"], record["summary"]["unseen"]
                 _log(f"[eval {index}/{len(todo)}, load {load_average()}] {task} / {method}: seen {seen['accuracy']:.3f}, "
                      f"unseen {unseen['accuracy'] if unseen else float('nan'):.3f} "
@@ -217,7 +244,7 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
             if report_only:
                 done = {(task, m, seed): out / "runs" / f"{task}_{m}_s{seed}" for m in preset.methods}
                 done = {k: d for k, d in done.items() if (out / "eval" / f"{d.name}.json").is_file()}
-                records += evaluate_runs(out, block, done, jobs)
+                records += evaluate_runs(out, block, done, jobs, refresh=False)
             else:
                 done = train_runs(out, block, [seed], jobs)
                 records += evaluate_runs(out, block, done, jobs)

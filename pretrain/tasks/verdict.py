@@ -24,7 +24,8 @@ def _sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _token_se(token_accuracy: float, count: int) -> float:
+def token_se(token_accuracy: float, count: int) -> float:
+    """A conservative binomial-style SE of a per-token accuracy over `count` examples."""
     # An example's token accuracy lies in [0, 1], so its variance is at most p(1 - p): a conservative SE.
     return math.sqrt(max(token_accuracy * (1 - token_accuracy), 0.0) / count)
 
@@ -39,10 +40,10 @@ def _part(records: list[dict], part: str) -> dict | None:
     for seed, summary, lengths in parts:
         token = (sum(x["token_accuracy"] for x in lengths) / len(lengths)
                  if lengths and all("token_accuracy" in x for x in lengths) else None)
-        token_se = (math.sqrt(sum(_token_se(x["token_accuracy"], x["total"]) ** 2 for x in lengths)) / len(lengths)
-                    if token is not None else None)
+        token_spread = (math.sqrt(sum(token_se(x["token_accuracy"], x["total"]) ** 2 for x in lengths)) / len(lengths)
+                        if token is not None else None)
         per_seed.append({"seed": seed, "accuracy": summary["accuracy"], "se": summary["se"],
-                         "token_accuracy": token, "token_se": token_se})
+                         "token_accuracy": token, "token_se": token_spread})
     n = len(per_seed)
     out = {"accuracy": sum(p["accuracy"] for p in per_seed) / n,
            # independent seeds: the binomial SE of their mean is sqrt(sum se^2) / n

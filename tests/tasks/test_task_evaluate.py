@@ -110,5 +110,12 @@ def test_per_token_accuracy_per_length_is_the_share_of_right_tokens_and_its_mean
     assert summarize(results)["seen"]["token_accuracy"] == 1.0
 
 
+def test_each_length_keeps_every_examples_right_and_total_answer_tokens_in_the_order_evaluated():
+    results = accuracy_by_length(copier(max_length=2), "copy", range(2, 4), 5, seed=0, positions_for=arange,
+                                 train_lengths=(1, 2))
+    assert [r.example_tokens for r in results] == [((3, 3),) * 5, ((1, 4),) * 5]
+    assert all(r.to_dict()["example_tokens"] == r.example_tokens for r in results)
+
+
 def test_summary_without_unseen_lengths_says_none():
     assert summarize([LengthResult(1, 1, 1, True)])["unseen"] is None

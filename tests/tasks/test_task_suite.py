@@ -42,6 +42,12 @@ def tiny_suite(tmp_path_factory):
     }
     done = {}
     for step, extra in steps.items():
+        if step == "two seeds":  # one evaluation as written before per-example scores were stored
+            cached = out / "eval" / "copy_baseline_s42.json"
+            record = json.loads(cached.read_text())
+            done["former evaluation"] = record
+            cached.write_text(json.dumps({**record, "lengths": [
+                {k: v for k, v in x.items() if k != "example_tokens"} for x in record["lengths"]]}))
         done[step] = reproduce_tasks(out, *extra)
         assert done[step].returncode == 0, f"{step}:\n" + done[step].stdout[-3000:] + done[step].stderr[-3000:]
         if step == "every method":  # the one-seed report, before the two-seed steps rewrite it
@@ -84,6 +90,27 @@ def test_two_seeds_report_mean_and_spread(tiny_suite):
     assert results["seeds"] == [42, 137]
     unseen = results["summary"]["copy"]["rfs"]["unseen"]
     assert [p["seed"] for p in unseen["per_seed"]] == [42, 137] and unseen["sd"] >= 0.0
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_an_evaluation_without_per_example_scores_is_redone_to_the_same_counts(tiny_suite):
+    out, done = tiny_suite
+    assert "re-evaluating 1 run(s) evaluated before per-example scores were stored" in done["two seeds"].stdout
+    again = json.loads((out / "eval" / "copy_baseline_s42.json").read_text())
+    assert again["lengths"] == done["former evaluation"]["lengths"]
+    assert not list((out / "eval").glob("*.before-examples.json"))
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_results_json_keeps_per_example_scores_out_and_the_report_compares_posaug_with_each_row(tiny_suite):
+    _, done = tiny_suite
+    results = done["one-seed results"]
+    assert not any("example_tokens" in x for record in results["records"] for x in record["lengths"])
+    # 3 steps learn nothing, so no task passes the gate and no pair gets a verdict.
+    assert results["versus_posaug"]["accuracy"]["rfs"] == {}
+    assert "## posaug against each row, beyond N" in done["one-seed report"]
 
 
 @pytest.mark.e2e
