@@ -4,8 +4,8 @@ For each (task, method, seed): one Megatron-Core training run on fresh task exam
 lengths U{a..N} (same seed ⇒ same examples in the same order and the same initial weights for
 every method), then greedy exact match at every length 1..4N on held-out examples with the
 method's inference-time positions, then a report in the papers' shape (accuracy-vs-length plot
-per task, a table of mean seen / unseen accuracy ± SE, results.json). Finished runs and
-evaluations are reused on a rerun.
+per task, a table of mean seen / unseen accuracy ± SE, PosAug against each row paired per held-out
+example, results.json). Finished runs and evaluations are reused on a rerun.
 
 Training positions follow each example's own length, as the papers draw them: a task sample
 carries position_length (its input count) and the trainer passes it to
@@ -126,6 +126,9 @@ def _evaluate_timed(run_dir: Path, preset: SuitePreset, task: str, method: str, 
     """evaluate_run in a worker with `threads` torch threads, plus its wall and CPU seconds."""
     import resource
 
+    from pretrain.console import quiet_known_warnings
+
+    quiet_known_warnings()  # a spawned worker starts without the filters `python -m pretrain` installed
     import torch
 
     torch.set_num_threads(threads)

@@ -77,6 +77,13 @@ def test_cpu_tiny_suite_writes_a_report_for_every_method(tiny_suite):
 
 @pytest.mark.e2e
 @pytest.mark.slow
+def test_training_and_evaluation_workers_print_no_known_harmless_warning(tiny_suite):
+    _, done = tiny_suite
+    assert "Warning" not in done["every method"].stderr + done["every method"].stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_rerun_of_a_finished_suite_trains_and_evaluates_nothing(tiny_suite):
     _, done = tiny_suite
     assert "to train" not in done["every method again"].stdout and "[eval" not in done["every method again"].stdout
