@@ -125,6 +125,11 @@ def accuracy_by_length(model: LogitsFn, task: str, lengths: Iterable[int], count
     return results
 
 
+def without_example_scores(lengths: list[dict]) -> list[dict]:
+    """Length records less their per-example scores: what results.json keeps and a re-evaluation is compared on."""
+    return [{k: v for k, v in length.items() if k != "example_tokens"} for length in lengths]
+
+
 def summarize(results: list[LengthResult]) -> dict[str, dict[str, float] | None]:
     """Mean exact match over seen and over unseen lengths, each with its binomial standard error, and the
     mean per-token accuracy over the same lengths (`token_accuracy`, Ruoss et al.'s metric).

@@ -158,6 +158,7 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
                  timing: dict) -> Path:
     """report.md, results.json and one plot per task under `out`."""
     from pretrain.tasks.compare import baseline_findings, nope_findings, paper_comparison, reach_table
+    from pretrain.tasks.evaluate import without_example_scores
     from pretrain.tasks.versus import versus_all, versus_section
 
     summary = aggregate(records)
@@ -200,7 +201,6 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
          "ranking": {metric: ranking(summary, methods, metric) for metric in METRICS},
          "summary": summary, "versus_posaug": versus_all(records, summary, methods),
          # per-example scores stay in eval/<run>.json: thousands of pairs per run
-         "records": [{**r, "lengths": [{k: v for k, v in x.items() if k != "example_tokens"} for x in r["lengths"]]}
-                     for r in records]},
+         "records": [{**r, "lengths": without_example_scores(r["lengths"])} for r in records]},
         indent=1))
     return report

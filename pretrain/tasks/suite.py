@@ -155,6 +155,7 @@ def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    from pretrain.tasks.evaluate import without_example_scores
     from pretrain.trainer.checkpoint import latest_iteration
 
     cached = {key: out / "eval" / f"{run_dir.name}.json" for key, run_dir in runs.items()}
@@ -177,8 +178,7 @@ def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int
                 task, method, seed = futures[future]
                 record = future.result()
                 key = futures[future]
-                if key in former and former[key]["lengths"] != [{k: v for k, v in x.items() if k != "example_tokens"}
-                                                                for x in record["lengths"]]:
+                if key in former and former[key]["lengths"] != without_example_scores(record["lengths"]):
                     write_text_atomic(cached[key].with_suffix(".before-examples.json"), json.dumps(former[key]),
                                       what="the former evaluation")
                     _log(f"    {runs[key].name}: re-evaluation changed a count; the former evaluation is kept as "
