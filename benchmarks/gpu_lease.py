@@ -37,6 +37,8 @@ ATTEMPTS = (("model.bf16=true", "parallel.use_distributed_optimizer=true"),
 EVAL_RESERVE_S = 110  # six evaluations of 16 spans x 16K tokens, each loading its checkpoint
 START_UP_S = 35  # at least: a training process's import, CUDA, compile and data start-up (calibration measures it)
 CALIBRATION_STEPS = 8
+STOP_GRACE_S = 40  # a run stopped at the deadline saves its checkpoint in this time, or is killed
+STOPPED = 75  # the trainer's exit after a stop save (pretrain.trainer.config.REQUEUE_EXIT_CODE)
 
 
 def log(message: str) -> None:
@@ -65,20 +67,25 @@ def train(config: Path, log_path: Path, timeout: float) -> tuple[subprocess.Pope
 
 
 def wait_all(procs: dict[str, tuple[subprocess.Popen, float]]) -> dict[str, int]:
-    """Wait for every process until its deadline; kill the process group of those past it (rc -9)."""
+    """Wait for every process until its deadline; past it, SIGTERM its process group (the trainer saves and exits
+    75, as under SLURM), and SIGKILL it STOP_GRACE_S later (rc -9)."""
     import signal
 
     codes: dict[str, int] = {}
+    terminated: dict[str, float] = {}
     while len(codes) < len(procs):
         for name, (proc, deadline) in procs.items():
             if name in codes:
                 continue
             if proc.poll() is not None:
                 codes[name] = proc.returncode
-            elif time.time() > deadline:
+            elif name in terminated and time.time() > terminated[name] + STOP_GRACE_S:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 codes[name] = -9
+            elif name not in terminated and time.time() > deadline:
+                os.killpg(proc.pid, signal.SIGTERM)
+                terminated[name] = time.time()
         time.sleep(1)
     return codes
 
@@ -151,6 +158,8 @@ def main() -> int:
                         help="all runs' tokens/s side by side, measured in an earlier lease: skips the calibration "
                              "and trains with the shipped bf16 + distributed optimizer")
     parser.add_argument("--eval-reserve", type=float, default=EVAL_RESERVE_S, help="seconds kept for evaluation")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run, e.g. schedule.micro_batch_size=32 (repeatable)")
     args = parser.parse_args()
 
     import torch
@@ -165,10 +174,11 @@ def main() -> int:
     log(f"device {device}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
     preset = dataclasses.replace(with_methods(PRESETS[args.preset], args.methods), inference=())
     if args.tokens_per_s:
-        rate, start_up, overrides = args.tokens_per_s, START_UP_S, ["model.transformer_impl=local", *ATTEMPTS[0]]
+        rate, start_up = args.tokens_per_s, START_UP_S
+        overrides = ["model.transformer_impl=local", *args.set, *ATTEMPTS[0]]
     else:
-        rate, start_up, overrides = calibrate(out, preset, args.data_prefix, ["model.transformer_impl=local"],
-                                              args.deadline)
+        rate, start_up, overrides = calibrate(out, preset, args.data_prefix,
+                                              ["model.transformer_impl=local", *args.set], args.deadline)
     start_up = max(START_UP_S, 1.3 * start_up)  # all runs start at once: their start-ups share the CPUs
 
     runs = [f"{method}_s{args.seed}" for method in preset.methods]
@@ -192,7 +202,13 @@ def main() -> int:
     for name, code in codes.items():
         rate = tokens_per_s(out / "logs" / f"{name}.log")
         log(f"train {name}: exit {code}, last {rate or 0:,.0f} tokens/s")
-    finished = {name: out / "runs" / name for name in runs if codes[name] == 0}
+    from pretrain.trainer.checkpoint import latest_iteration
+
+    finished = {name: out / "runs" / name for name in runs
+                if codes[name] == 0 or (codes[name] == STOPPED and latest_iteration(out / "runs" / name))}
+    for name in finished:
+        if codes[name] == STOPPED:  # unequal budgets: the report's rows are no longer like for like
+            log(f"{name} was stopped by the deadline at iteration {latest_iteration(out / 'runs' / name)} of {steps}")
     if "baseline_s%d" % args.seed not in finished:
         log("the baseline did not finish: no report")
         return 1
