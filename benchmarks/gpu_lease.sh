@@ -4,7 +4,7 @@
 # BUDGET seconds after the start. Needs, carried beside the checkout:
 #   .whl/       megatron-core 0.16.1 and zstandard wheels for cp312 (pip download --python-version 3.12 ...)
 #   .gpu_data/  data/shards/corpus.* and data/tokenizer/ (a data_prep --data-prefix and its tokenizer)
-# Writes to $OUT: nvidia-smi.txt, selfcheck.txt, lease.log, report.md, results.json, per_position_loss.png,
+# Writes to $OUT: nvidia-smi.txt, selfcheck.txt, lease.log, report.md, results.json, the plots (*.png),
 # lease_files.tgz (every run's config and log, every evaluation record).
 set -u
 start=$(date +%s)
@@ -24,6 +24,6 @@ timeout $((start + budget - $(date +%s))) python3 benchmarks/gpu_lease.py --outp
   --data-prefix .gpu_data/data/shards/corpus --deadline $((start + budget - 15)) "$@" >"$out/lease.log" 2>&1
 echo "gpu_lease exit $? after $(($(date +%s) - start)) s" >>"$out/lease.log"
 wait
-cp /tmp/lease/report.md /tmp/lease/results.json /tmp/lease/per_position_loss.png "$out/" 2>/dev/null
+cp /tmp/lease/report.md /tmp/lease/results.json /tmp/lease/*.png "$out/" 2>/dev/null
 tar czf "$out/lease_files.tgz" -C /tmp/lease logs configs eval 2>/dev/null
 exit 0
