@@ -10,6 +10,11 @@ at 47 % MFU by `plan`). A lease is shorter than that, so this script fits the co
 3. train all runs at once (one process each, the same seed: same data order and initial weights);
 4. evaluate every finished run on the same 16K-token spans and write reproduce's report.
 
+`--tokens-per-run N` fixes the budget instead (the paper's 500M: more than one call's 10 minutes). The plan is kept
+in OUT/plan.json; a run still training at the deadline gets SIGTERM, saves and exits 75, and the same command run
+again (on the same warm machine, OUT kept) continues every unfinished run from its checkpoint and evaluates once all
+have finished. A budget fitted to one call evaluates even a run the deadline stopped, at the iteration it reached.
+
 Usage (benchmarks/gpu_lease.sh runs it on the device machine):
   python benchmarks/gpu_lease.py --output OUT --data-prefix DATA/shards/corpus --deadline EPOCH_SECONDS
 """
@@ -38,7 +43,6 @@ EVAL_RESERVE_S = 110  # six evaluations of 16 spans x 16K tokens, each loading i
 START_UP_S = 35  # at least: a training process's import, CUDA, compile and data start-up (calibration measures it)
 CALIBRATION_STEPS = 8
 STOP_GRACE_S = 40  # a run stopped at the deadline saves its checkpoint in this time, or is killed
-STOPPED = 75  # the trainer's exit after a stop save (pretrain.trainer.config.REQUEUE_EXIT_CODE)
 
 
 def log(message: str) -> None:
@@ -60,7 +64,7 @@ def write_config(out: Path, preset, method: str, seed: int, prefix: str, name: s
 def train(config: Path, log_path: Path, timeout: float) -> tuple[subprocess.Popen, float]:
     """Start `python -m pretrain train --config` with its output in log_path; (process, its deadline)."""
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    with open(log_path, "w") as handle:  # the child keeps its own copy of the descriptor
+    with open(log_path, "a") as handle:  # the child keeps its own copy; "a": a continued run keeps its first log
         proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", str(config)],
                                 stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, time.time() + timeout
@@ -145,6 +149,43 @@ def evaluate(out: Path, preset, runs: dict[str, Path], seed: int, prefix: str) -
     return records
 
 
+def make_plan(args: argparse.Namespace, out: Path) -> dict | None:
+    """Calibrate (or take --tokens-per-s), fix every run's steps, write the runs' configs; None if none fit."""
+    from pretrain.experiments.presets import PRESETS
+    from pretrain.experiments.reproduce import with_methods
+
+    preset = dataclasses.replace(with_methods(PRESETS[args.preset], args.methods), inference=())
+    if args.tokens_per_s:
+        rate, start_up = args.tokens_per_s, START_UP_S
+        overrides = ["model.transformer_impl=local", *args.set, *ATTEMPTS[0]]
+    else:
+        rate, start_up, overrides = calibrate(out, preset, args.data_prefix,
+                                              ["model.transformer_impl=local", *args.set], args.deadline)
+    start_up = max(START_UP_S, 1.3 * start_up)  # all runs start at once: their start-ups share the CPUs
+
+    runs = [f"{method}_s{args.seed}" for method in preset.methods]
+    train_seconds = args.deadline - time.time() - args.eval_reserve - start_up
+    step_tokens = preset.global_batch_size * preset.window
+    most = preset.train_tokens // step_tokens
+    if args.tokens_per_run:
+        steps = min(most, args.tokens_per_run // step_tokens)
+    else:
+        steps = min(most, int(rate * train_seconds * 0.85 / len(runs) // step_tokens))
+        if steps < min(20, most):
+            log(f"only {steps} steps per run fit before the deadline: nothing trained")
+            return None
+    tokens = steps * step_tokens
+    log(f"budget: {len(runs)} runs side by side, {steps} steps = {tokens:,} tokens each "
+        f"({100 * tokens / 500e6:.1f} % of the paper's 500M), {train_seconds:.0f} s for training in this call "
+        f"after {start_up:.0f} s of start-up at ~{rate:,.0f} tokens/s in all")
+    preset = dataclasses.replace(preset, train_tokens=tokens)
+    for name in runs:
+        write_config(out, preset, name.rsplit("_s", 1)[0], args.seed, args.data_prefix, name, overrides)
+    return {"preset": args.preset, "methods": list(args.methods), "seed": args.seed, "data_prefix": args.data_prefix,
+            "runs": runs, "steps": steps, "train_tokens": tokens, "overrides": overrides,
+            "calls": "several" if args.tokens_per_run else "one"}
+
+
 def main() -> int:
     """Calibrate, budget, train side by side, evaluate, report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -158,6 +199,8 @@ def main() -> int:
                         help="all runs' tokens/s side by side, measured in an earlier lease: skips the calibration "
                              "and trains with the shipped bf16 + distributed optimizer")
     parser.add_argument("--eval-reserve", type=float, default=EVAL_RESERVE_S, help="seconds kept for evaluation")
+    parser.add_argument("--tokens-per-run", type=int, default=None,
+                        help="every run's tokens (at most the preset's), over as many calls as it takes")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every run, e.g. schedule.micro_batch_size=32 (repeatable)")
     args = parser.parse_args()
@@ -166,56 +209,49 @@ def main() -> int:
     from pretrain.experiments.presets import PRESETS
     from pretrain.experiments.reproduce import summarise, with_methods
     from pretrain.experiments.reproduce_report import write_report
+    from pretrain.trainer.checkpoint import latest_iteration
 
     started = time.time()
     out = Path(args.output)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     log(f"device {device}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
-    preset = dataclasses.replace(with_methods(PRESETS[args.preset], args.methods), inference=())
-    if args.tokens_per_s:
-        rate, start_up = args.tokens_per_s, START_UP_S
-        overrides = ["model.transformer_impl=local", *args.set, *ATTEMPTS[0]]
+    plan_path = out / "plan.json"
+    if plan_path.exists():  # an earlier call's runs: continue them with their own configs
+        plan = json.loads(plan_path.read_text())
+        log(f"continuing {plan_path}: {len(plan['runs'])} runs of {plan['steps']} steps")
     else:
-        rate, start_up, overrides = calibrate(out, preset, args.data_prefix,
-                                              ["model.transformer_impl=local", *args.set], args.deadline)
-    start_up = max(START_UP_S, 1.3 * start_up)  # all runs start at once: their start-ups share the CPUs
-
-    runs = [f"{method}_s{args.seed}" for method in preset.methods]
-    train_seconds = args.deadline - time.time() - args.eval_reserve - start_up
-    step_tokens = preset.global_batch_size * preset.window
-    steps = int(rate * train_seconds * 0.85 / len(runs) // step_tokens)
-    most = preset.train_tokens // step_tokens
-    steps = min(steps, most)
-    if steps < min(20, most):
-        log(f"only {steps} steps per run fit before the deadline: nothing trained")
-        return 1
-    preset = dataclasses.replace(preset, train_tokens=steps * step_tokens)
-    log(f"budget: {len(runs)} runs side by side, {steps} steps = {preset.train_tokens:,} tokens each "
-        f"({100 * preset.train_tokens / 500e6:.1f} % of the paper's 500M), {train_seconds:.0f} s for training "
-        f"after {start_up:.0f} s of start-up")
-
-    procs = {name: train(write_config(out, preset, name.rsplit("_s", 1)[0], args.seed, args.data_prefix, name,
-                                      overrides), out / "logs" / f"{name}.log", train_seconds + start_up)
-             for name in runs}
-    codes = wait_all(procs)
+        plan = make_plan(args, out)
+        if plan is None:
+            return 1
+        plan_path.write_text(json.dumps(plan, indent=1))
+    preset = dataclasses.replace(with_methods(PRESETS[plan["preset"]], plan["methods"]), inference=(),
+                                 train_tokens=plan["train_tokens"])
+    steps, runs = plan["steps"], plan["runs"]
+    stop_at = args.deadline - args.eval_reserve - STOP_GRACE_S
+    todo = [name for name in runs if latest_iteration(out / "runs" / name) != steps]
+    codes = wait_all({name: train(out / "configs" / f"{name}.yaml", out / "logs" / f"{name}.log",
+                                  stop_at - time.time()) for name in todo})
     for name, code in codes.items():
         rate = tokens_per_s(out / "logs" / f"{name}.log")
-        log(f"train {name}: exit {code}, last {rate or 0:,.0f} tokens/s")
-    from pretrain.trainer.checkpoint import latest_iteration
-
-    finished = {name: out / "runs" / name for name in runs
-                if codes[name] == 0 or (codes[name] == STOPPED and latest_iteration(out / "runs" / name))}
-    for name in finished:
-        if codes[name] == STOPPED:  # unequal budgets: the report's rows are no longer like for like
-            log(f"{name} was stopped by the deadline at iteration {latest_iteration(out / 'runs' / name)} of {steps}")
-    if "baseline_s%d" % args.seed not in finished:
+        log(f"train {name}: exit {code} at iteration {latest_iteration(out / 'runs' / name)} of {steps}, "
+            f"last {rate or 0:,.0f} tokens/s")
+    finished = {name: out / "runs" / name for name in runs if latest_iteration(out / "runs" / name) == steps}
+    if len(finished) < len(runs) and plan["calls"] == "several":
+        log(f"{len(finished)} of {len(runs)} runs finished: run the same command again to continue the others")
+        return 3
+    for name in runs:
+        if name not in finished and latest_iteration(out / "runs" / name):  # unequal budgets: said, not hidden
+            log(f"{name} was stopped by the deadline at iteration {latest_iteration(out / 'runs' / name)} of "
+                f"{steps}; it is evaluated there")
+            finished[name] = out / "runs" / name
+    if "baseline_s%d" % plan["seed"] not in finished:
         log("the baseline did not finish: no report")
         return 1
-    records = evaluate(out, preset, finished, args.seed, args.data_prefix)
+    records = evaluate(out, preset, finished, plan["seed"], plan["data_prefix"])
     preset = dataclasses.replace(preset, methods=tuple(n.rsplit("_s", 1)[0] for n in finished))
-    report = write_report(out, f"{args.preset} ({device}, {preset.train_tokens:,} tokens per run)", preset,
-                          summarise(records, preset), records, [args.seed], time.time() - started)
+    report = write_report(out, f"{plan['preset']} ({device}, {preset.train_tokens:,} tokens per run)", preset,
+                          summarise(records, preset), records, [plan["seed"]], time.time() - started)
     log(f"report: {report}")
     print(report.read_text(), flush=True)
     return 0
