@@ -42,7 +42,7 @@ ATTEMPTS = (("model.bf16=true", "parallel.use_distributed_optimizer=true"),
 EVAL_RESERVE_S = 110  # six evaluations of 16 spans x 16K tokens, each loading its checkpoint
 START_UP_S = 35  # at least: a training process's import, CUDA, compile and data start-up (calibration measures it)
 CALIBRATION_STEPS = 8
-STOP_GRACE_S = 40  # a run stopped at the deadline saves its checkpoint in this time, or is killed
+STOP_GRACE_S = 20  # a run stopped at the deadline saves its checkpoint in this time, or is killed (10m on an H200: ~1 s)
 
 
 def log(message: str) -> None:
