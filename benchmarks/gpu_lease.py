@@ -232,18 +232,17 @@ def main() -> int:
     todo = [name for name in runs if latest_iteration(out / "runs" / name) != steps]
     codes = wait_all({name: train(out / "configs" / f"{name}.yaml", out / "logs" / f"{name}.log",
                                   stop_at - time.time()) for name in todo})
+    reached = {name: latest_iteration(out / "runs" / name) for name in runs}
     for name, code in codes.items():
         rate = tokens_per_s(out / "logs" / f"{name}.log")
-        log(f"train {name}: exit {code} at iteration {latest_iteration(out / 'runs' / name)} of {steps}, "
-            f"last {rate or 0:,.0f} tokens/s")
-    finished = {name: out / "runs" / name for name in runs if latest_iteration(out / "runs" / name) == steps}
+        log(f"train {name}: exit {code} at iteration {reached[name]} of {steps}, last {rate or 0:,.0f} tokens/s")
+    finished = {name: out / "runs" / name for name in runs if reached[name] == steps}
     if len(finished) < len(runs) and plan["calls"] == "several":
         log(f"{len(finished)} of {len(runs)} runs finished: run the same command again to continue the others")
         return 3
     for name in runs:
-        if name not in finished and latest_iteration(out / "runs" / name):  # unequal budgets: said, not hidden
-            log(f"{name} was stopped by the deadline at iteration {latest_iteration(out / 'runs' / name)} of "
-                f"{steps}; it is evaluated there")
+        if name not in finished and reached[name]:  # unequal budgets: said, not hidden
+            log(f"{name} was stopped by the deadline at iteration {reached[name]} of {steps}; it is evaluated there")
             finished[name] = out / "runs" / name
     if "baseline_s%d" % plan["seed"] not in finished:
         log("the baseline did not finish: no report")
