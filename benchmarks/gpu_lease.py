@@ -182,7 +182,7 @@ def make_plan(args: argparse.Namespace, out: Path) -> dict | None:
     for name in runs:
         write_config(out, preset, name.rsplit("_s", 1)[0], args.seed, args.data_prefix, name, overrides)
     return {"preset": args.preset, "methods": list(args.methods), "seed": args.seed, "data_prefix": args.data_prefix,
-            "runs": runs, "steps": steps, "train_tokens": tokens, "overrides": overrides,
+            "runs": runs, "steps": steps, "train_tokens": tokens,
             "calls": "several" if args.tokens_per_run else "one"}
 
 
