@@ -200,7 +200,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
             step_times.begin()
             result = engine.train_step(step_batches(train_data, step, gbs, dp_rank, dp_size, mbs),
                                        sampler, step, num_microbatches, mbs, seq)
-            step_times.end()
+            step_times.end(start_up=step == start)
             window_steps += 1
             done = step + 1
             if step == start:  # start-up is over: from now on a step must complete within the train timeout
@@ -231,8 +231,8 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
             if straggler_interval and done % straggler_interval == 0:
                 watchdog.counters.enter("the straggler report")  # a collective: a rank before it is behind
                 gathered = step_times.gather(watchdog.take_stalls())
-                for line in gathered.lines(done - straggler_interval + 1, done, config.logging.straggler_threshold,
-                                           train_timeout_s):
+                first_counted = max(done - straggler_interval + 1, start + 2)  # start + 1 was start-up
+                for line in gathered.lines(first_counted, done, config.logging.straggler_threshold, train_timeout_s):
                     metrics.console(line)
                 metrics.scalars(done, gathered.scalars())
             if valid_data is not None and (done % config.logging.eval_interval == 0 or done == total_iters):

@@ -16,7 +16,8 @@ for a peer lands at the next host sync, inside a rank's own time: the report is 
 Rank 0 prints the slowest rank and its ratio to the median when the ratio reaches
 `logging.straggler_threshold`, and every stall a rank's watchdog saw (its thread could not run: the process
 was stopped or starved; watchdog.py) with the step it hit; TensorBoard gets perf/straggler_ratio,
-perf/slowest_rank and perf/longest_stall_s at every gather.
+perf/slowest_rank and perf/longest_stall_s at every gather. The first step after a start or resume is start-up
+(allocations, first loads), not a rank's pace: it is left out of the first window.
 """
 
 from __future__ import annotations
@@ -104,8 +105,14 @@ class StepTimes:
         self._blocked_at_start = blocked_seconds()
         self._started = time.perf_counter()
 
-    def end(self) -> None:
-        """After a training step."""
+    def end(self, start_up: bool = False) -> None:
+        """After a training step; a start-up step (the first after a start or resume) is not counted.
+
+        That step's time is allocations, first loads and lazy initialisation, which differ between stages by
+        more than a slow rank's pace would in a short window: counted, the first stage looked slowest.
+        """
+        if start_up:
+            return
         blocked = blocked_seconds() - self._blocked_at_start
         self.own_s += max(0.0, time.perf_counter() - self._started - blocked)
         self.steps += 1
@@ -132,7 +139,7 @@ class Gathered:
     def lines(self, first: int, last: int, threshold: float, train_timeout_s: float) -> list[str]:
         """Console lines: the straggler above the threshold, then each stall."""
         out = []
-        if len(self.own_s) > 1 and self.ratio >= threshold:
+        if len(self.own_s) > 1 and any(self.steps) and self.ratio >= threshold:
             r = self.slowest
             out.append(f"straggler: rank {r} on {self.hosts[r]} spent {self.own_s[r]:.2f} s outside collectives in "
                        f"steps {first}-{last}, {self.ratio:.2f}x the median rank ({self.median:.2f} s; "
@@ -147,5 +154,7 @@ class Gathered:
     def scalars(self) -> dict[str, float]:
         """TensorBoard / W&B values of the window."""
         longest = max((s for stalls in self.stalls for s, _ in stalls), default=0.0)
+        if not any(self.steps):  # a window of only the start-up step: no rank's pace to compare
+            return {"perf/longest_stall_s": longest}
         return {"perf/straggler_ratio": self.ratio, "perf/slowest_rank": float(self.slowest),
                 "perf/longest_stall_s": longest}
