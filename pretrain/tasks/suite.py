@@ -219,6 +219,18 @@ def record_invocation(out: Path, record: dict) -> list[dict]:
     return records
 
 
+def machine() -> str:
+    """This machine as its runs' numbers depend on it: processor, the CPU kernels torch picks, torch's version.
+
+    The same seed and training code give different task-suite numbers on another machine (benchmarks/README.md).
+    """
+    import torch
+
+    from pretrain.trainer.peak import processor
+
+    return f"{processor()}, CPU kernels {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+
+
 def _timed_runs(out: Path) -> set[str]:
     return {p.name for p in (out / "timing").glob("*.json") if p.name != INVOCATIONS}
 
@@ -260,7 +272,8 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
                 invocations = record_invocation(out, {
                     "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
                     "wall_s": timing["wall_s"], "jobs": jobs, "load_start": load_start, "load_end": timing["load_end"],
-                    "runs_trained": len(_timed_runs(out) - timed_before), "seeds": seeds, "tasks": list(preset.tasks)})
+                    "runs_trained": len(_timed_runs(out) - timed_before), "seeds": seeds, "tasks": list(preset.tasks),
+                    "machine": machine()})
             timing["invocations"] = invocations
             report = write_report(out, preset_name, preset, records, sorted({r["seed"] for r in records}), timing)
             if not report_only:

@@ -113,7 +113,8 @@ def measure_matmul_tflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype
     return best, fewest
 
 
-def _processor() -> str:
+def processor() -> str:
+    """The GPU's name, else the CPU's model name."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
     try:
@@ -132,7 +133,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def cache_key(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> str:
     """What a measured peak depends on: machine, processor, torch, dtype, threads, shapes."""
     threads = "cuda" if torch.cuda.is_available() else f"{torch.get_num_threads()} threads"
-    return " | ".join([socket.gethostname(), _processor(), f"torch {torch.__version__}", _dtype_name(dtype),
+    return " | ".join([socket.gethostname(), processor(), f"torch {torch.__version__}", _dtype_name(dtype),
                        threads, " ".join("x".join(map(str, shape)) for shape in shapes)])
 
 

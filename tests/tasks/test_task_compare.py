@@ -91,6 +91,24 @@ def test_runtime_text_sums_the_wall_time_of_every_invocation_of_a_split_run():
     assert "1.0 → 2.0, 2.5 → 2.1" in text and "this invocation" not in text
 
 
+def test_runtime_text_names_each_machine_that_trained_and_counts_invocations_that_did_not_record_one():
+    timing = {"wall_s": 5, "train_cpu_s": 1500, "eval_cpu_s": 300, "jobs": 2, "cores": 2, "runs": 16,
+              "train_runs_timed": 16, "load_start": "0.1", "load_end": "0.2",
+              "invocations": [{"wall_s": 60, "jobs": 2, "load_start": "1.0", "load_end": "2.0"},
+                              {"wall_s": 60, "jobs": 2, "load_start": "1.0", "load_end": "2.0", "machine": "B"},
+                              {"wall_s": 60, "jobs": 2, "load_start": "1.0", "load_end": "2.0", "machine": "A"},
+                              {"wall_s": 60, "jobs": 2, "load_start": "1.0", "load_end": "2.0", "machine": "B"}]}
+    assert "; trained on A; B (1 earlier invocation(s) did not record their machine)" in runtime_text(timing)
+
+
+def test_the_machine_names_torchs_cpu_kernels_and_version():
+    import torch
+
+    from pretrain.tasks.suite import machine
+
+    assert f"CPU kernels {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}" in machine()
+
+
 def test_a_report_only_report_without_recorded_invocations_claims_no_wall_time():
     timing = {"wall_s": 5, "train_cpu_s": 1500, "eval_cpu_s": 300, "jobs": 2, "cores": 2, "runs": 16,
               "train_runs_timed": 16, "load_start": "0.1", "load_end": "0.2", "report_only": True}
