@@ -25,7 +25,7 @@ from pretrain.experiments.reproduce import prepare_data, train_config
 from pretrain.table import SIZES
 from pretrain.tasks.suite import INVOCATIONS, record_invocation
 from pretrain.trainer import config as config_module
-from pretrain.trainer.run_pool import load_average, train_in_processes
+from pretrain.trainer.run_pool import load_average, machine, train_in_processes
 
 SEEDS = [42, 137, 2024] + list(range(1, 100))  # the paper's seeds first, as `reproduce`
 
@@ -176,7 +176,7 @@ def run_suite(out: Path, preset: Preset, preset_name: str, tables: list[int], se
                     "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
                     "wall_s": time.time() - started, "jobs": jobs, "load_start": load_start, "load_end": load_average(),
                     "runs_trained": len(set((out / "timing").glob("*.json")) - before - {out / "timing" / INVOCATIONS}),
-                    "seeds": seeds, "tables": tables})
+                    "seeds": seeds, "tables": tables, "machine": machine()})
             if records:
                 report = write_report(out, preset_name, preset, tables, list(records.values()), _timings(out),
                                       planned={"seeds": seeds, "tables": tables})

@@ -20,6 +20,7 @@ from pathlib import Path
 from pretrain.experiments.ablation_tables import ROWS, TABLES, Claim, Conclusion, row_preset, rows_of
 from pretrain.experiments.presets import Preset
 from pretrain.tasks.compare import equivalent, significance
+from pretrain.trainer.run_pool import machines_text
 
 METRICS = {"cliff_4w": "cliff at 4w", "cliff_8w": "cliff at 8w", "gain": "G(4w)", "in_dist": "in-dist loss"}
 OPPOSITE = {"lower": "higher", "higher": "lower"}
@@ -299,7 +300,7 @@ def _cost(timing: dict, records: list[dict]) -> str:
             f"({timing['train_wall_s'] / 60:.0f} min of summed run wall time) on {timing['cores']} cores; "
             f"{evaluation / 60:.0f} min of evaluation wall time for {len(records)} runs; "
             f"{len(invocations)} invocation(s), {wall / 60:.0f} min wall in all (evaluation included); "
-            f"1-min load average at start→end of each invocation: {loads}.")
+            f"1-min load average at start→end of each invocation: {loads}{machines_text(invocations)}.")
 
 
 def write_report(out: Path, preset_name: str, preset: Preset, tables: list[int], records: list[dict],

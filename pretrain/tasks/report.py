@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
 
+from pretrain.trainer.run_pool import machines_text  # noqa: E402
+
 from .verdict import BASELINE, GATE, METRICS, aggregate, best, gate, ranking  # noqa: E402
 
 # What the papers report, for the text under the tables (their setups differ from ours: see there).
@@ -123,15 +125,6 @@ def ranking_text(summary: dict[str, dict[str, dict]], methods: list[str]) -> str
 _LOAD_NOTE = "other jobs on the machine stretch wall time, not CPU time"
 
 
-def _machines_text(invocations: list[dict]) -> str:
-    machines = sorted({r["machine"] for r in invocations if "machine" in r})
-    unrecorded = sum("machine" not in r for r in invocations)
-    if not machines:
-        return ""
-    return ("; trained on " + "; ".join(machines)
-            + (f" ({unrecorded} earlier invocation(s) did not record their machine)" if unrecorded else ""))
-
-
 def runtime_text(timing: dict) -> str:
     """Wall time of every invocation, CPU and load of the run, and the quiet-machine wall time estimated from CPU."""
     cpu = timing["train_cpu_s"] + timing["eval_cpu_s"]
@@ -144,7 +137,7 @@ def runtime_text(timing: dict) -> str:
                 + " + ".join(f"{w:.1f}" for w in walls) + f" min, the longest {max(walls):.1f}; each up to "
                 f"{max(r['jobs'] for r in invocations)} runs side by side; load average "
                 + ", ".join(f"{r['load_start']} → {r['load_end']}" for r in invocations)
-                + f" at each one's start → end: {_LOAD_NOTE})" + _machines_text(invocations))
+                + f" at each one's start → end: {_LOAD_NOTE})" + machines_text(invocations))
     elif timing.get("report_only"):
         wall = ("wall time not recorded (a --report-only report of runs whose training invocations predate "
                 "timing/invocations.json)")

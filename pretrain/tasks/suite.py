@@ -27,7 +27,7 @@ from pathlib import Path
 from pretrain.faults import write_text_atomic
 from pretrain.tasks.generators import TASKS, VOCAB_SIZE
 from pretrain.tasks.source import sequence_tokens
-from pretrain.trainer.run_pool import load_average, train_in_processes
+from pretrain.trainer.run_pool import load_average, machine, train_in_processes
 
 
 from pretrain.tasks.presets import METHODS, PRESETS, SuitePreset  # noqa: F401 (re-exported)
@@ -217,18 +217,6 @@ def record_invocation(out: Path, record: dict) -> list[dict]:
     records = [r for r in records if r["started"] != record["started"]] + [record]
     write_text_atomic(path, json.dumps(records, indent=1), what="the suite's invocation timings")
     return records
-
-
-def machine() -> str:
-    """This machine as its runs' numbers depend on it: processor, the CPU kernels torch picks, torch's version.
-
-    The same seed and training code give different task-suite numbers on another machine (benchmarks/README.md).
-    """
-    import torch
-
-    from pretrain.trainer.peak import processor
-
-    return f"{processor()}, CPU kernels {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 
 
 def _timed_runs(out: Path) -> set[str]:

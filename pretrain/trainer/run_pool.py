@@ -19,6 +19,28 @@ from typing import Callable
 from pretrain.faults import write_text_atomic
 
 
+def machine() -> str:
+    """This machine as its runs' numbers depend on it: processor, the CPU kernels torch picks, torch's version.
+
+    The same seed and training code give other task-suite numbers on another machine (benchmarks/README.md).
+    """
+    import torch
+
+    from pretrain.trainer.peak import processor
+
+    return f"{processor()}, CPU kernels {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+
+
+def machines_text(invocations: list[dict]) -> str:
+    """'; trained on A; B' for the invocation records that name their machine, and how many do not."""
+    machines = sorted({r["machine"] for r in invocations if "machine" in r})
+    unrecorded = sum("machine" not in r for r in invocations)
+    if not machines:
+        return ""
+    return ("; trained on " + "; ".join(machines)
+            + (f" ({unrecorded} earlier invocation(s) did not record their machine)" if unrecorded else ""))
+
+
 def load_average() -> str:
     """The 1-minute load average as text (other jobs slow the wall clock, never the CPU time)."""
     return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"

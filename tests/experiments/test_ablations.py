@@ -354,3 +354,11 @@ def test_a_similarity_with_errors_wider_than_the_margin_is_inconclusive_not_repr
 def test_a_similarity_without_the_reference_effect_is_not_measured():
     records = [_cliffs("baseline", 1, [1.0] * 6), _cliffs("a", 1, [1.0] * 6)]
     assert check(SIMILAR, records, 4)["verdict"] == "not measured"
+
+
+def test_the_cost_line_names_the_machine_each_invocation_trained_on():
+    from pretrain.experiments.ablations_report import _cost
+
+    timing = {"runs_timed": 2, "train_cpu_s": 120, "train_wall_s": 60, "cores": 2,
+              "invocations": [{"wall_s": 60, "load_start": "1.0", "load_end": "2.0", "machine": "AMD EPYC, AVX512"}]}
+    assert _cost(timing, []).endswith("1.0→2.0; trained on AMD EPYC, AVX512.")

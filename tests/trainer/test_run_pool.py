@@ -26,3 +26,11 @@ def test_a_failed_run_raises_naming_it_its_config_and_its_log_and_leaves_no_timi
                               f"{tmp_path / 'logs' / 'bad_run.log'}:")
     assert "error: config section 'model' must be a mapping" in message
     assert started == ["bad_run"] and ended == [] and not list((tmp_path / "timing").iterdir())
+
+
+def test_the_machine_names_torchs_cpu_kernels_and_version():
+    import torch
+
+    from pretrain.trainer.run_pool import machine
+
+    assert f"CPU kernels {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}" in machine()
