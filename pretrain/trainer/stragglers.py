@@ -108,8 +108,8 @@ class StepTimes:
     def end(self, start_up: bool = False) -> None:
         """After a training step; a start-up step (the first after a start or resume) is not counted.
 
-        That step's time is allocations, first loads and lazy initialisation, which differ between stages by
-        more than a slow rank's pace would in a short window: counted, the first stage looked slowest.
+        That step's time holds one-off costs (allocator warm-up, first loads, NCCL's lazily created communicators)
+        that differ between ranks for reasons other than their pace.
         """
         if start_up:
             return
