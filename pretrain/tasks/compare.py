@@ -13,7 +13,6 @@ ranges that grows with every seed. A claimed similarity needs an equivalence tes
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 from .verdict import BASELINE, GATE, TOST_Z, Z, equivalent, gate, seed_se, significance  # noqa: F401
@@ -136,7 +135,7 @@ def baseline_findings(summary: dict[str, dict[str, dict]], methods: list[str]) -
     for task, rows in summary.items():
         base = rows.get(BASELINE)
         if base is None:
-            lines.append(f"- **{task}**: no {BASELINE} baseline in this run; no comparison.")
+            lines.append(f"- **{task}**: no RoPE baseline in this run; no comparison.")
             continue
         learned = base["seen"]["accuracy"] >= SEEN_TARGET
         head = (f"- **{task}**: {BASELINE} seen {_pct(base['seen'])} % "

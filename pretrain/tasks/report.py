@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from pretrain.trainer.run_pool import machines_text  # noqa: E402
 
-from .verdict import BASELINE, GATE, METRICS, aggregate, best, gate, ranking  # noqa: E402
+from .verdict import GATE, METRICS, aggregate, best, gate, ranking  # noqa: E402
 
 # What the papers report, for the text under the tables (their setups differ from ours: see there).
 PAPER_NUMBERS = """\
@@ -69,7 +69,7 @@ def plot_task(task: str, rows: dict[str, dict], path: Path) -> Path:
 
 def gate_table(summary: dict[str, dict[str, dict]]) -> str:
     """Per task: the RoPE baseline's seen exact match per seed and whether the task gets a verdict."""
-    lines = [f"**Learnability gate**: a task gets a length-generalisation verdict only if the {BASELINE} baseline "
+    lines = [f"**Learnability gate**: a task gets a length-generalisation verdict only if the RoPE baseline "
              f"reaches ≥ {100 * GATE:.0f} % exact match on seen lengths (mean over seeds)", "",
              "| Task | training N | RoPE seen, per seed | mean | verdict |", "|---|---|---|---|---|"]
     for task, entry in gate(summary).items():
@@ -133,7 +133,9 @@ def runtime_text(timing: dict) -> str:
     invocations = timing.get("invocations") or []
     if invocations:
         walls = [r["wall_s"] / 60 for r in invocations]
-        wall = (f"{sum(walls):.1f} min wall in {len(walls)} invocation(s) on this output directory ("
+        where = ("in the merged parts' output directories" if timing.get("merged_parts") else
+                 "on this output directory")
+        wall = (f"{sum(walls):.1f} min wall in {len(walls)} invocation(s) {where} ("
                 + " + ".join(f"{w:.1f}" for w in walls) + f" min, the longest {max(walls):.1f}; each up to "
                 f"{max(r['jobs'] for r in invocations)} runs side by side; load average "
                 + ", ".join(f"{r['load_start']} → {r['load_end']}" for r in invocations)
@@ -157,8 +159,12 @@ DEVIATIONS = """- Models are 3-layer, d = 128 decoders trained for minutes on CP
 
 
 def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds: list[int],
-                 timing: dict) -> Path:
-    """report.md, results.json and one plot per task under `out`."""
+                 timing: dict, versus: dict | None = None, sources: list[str] | None = None) -> Path:
+    """report.md, results.json and one plot per task under `out`.
+
+    versus: PosAug against each row as stored by earlier reports (their records no longer hold per-example
+    scores); sources: the results.json files a merged report joins (pretrain.tasks.merge).
+    """
     from pretrain.tasks.compare import baseline_findings, nope_findings, paper_comparison, reach_table
     from pretrain.tasks.evaluate import without_example_scores
     from pretrain.tasks.versus import versus_all, versus_section
@@ -170,6 +176,10 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
     ranges = ", ".join(f"{t} U{{{a}..{n}}} ({preset.iters(t)} steps)" for t, (a, n) in preset.tasks.items()
                        if t in summary)
     papers = paper_comparison(summary, preset.eval_count)
+    if versus is None:
+        versus = versus_all(records, summary, methods)
+    merged = ("Merged from " + "; ".join(sources) + " (`--merge`: nothing trained or evaluated again; PosAug against "
+              "each row is each part's stored paired result)." if sources else "")
     report = out / "report.md"
     report.write_text("\n\n".join([
         f"# Length generalisation on algorithmic tasks ({preset_name})",
@@ -180,6 +190,7 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
         + (" One seed: ± covers the sampling of held-out examples only, not training-seed variance (the papers "
            "report large seed spread; Ruoss et al. take the best of 30 runs)." if len(seeds) == 1 else
            f" ± is the standard deviation over the {len(seeds)} seeds; the binomial SE of one seed is in brackets."),
+        *([merged] if merged else []),
         runtime_text(timing),
         gate_table(summary),
         tables(summary, methods),
@@ -188,7 +199,7 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
         "\n".join(f"![{p.stem}]({p.name})" for p in plots),
         "## Against the RoPE baseline (computed from the tables; Δ beyond 2 SE counts)\n\n"
         + "\n".join(baseline_findings(summary, methods)),
-        versus_section(records, summary, methods),
+        versus_section(records, summary, methods, results=versus),
         "## Against NoPE (does a RoPE position augmentation beat having no positions at all?)\n\n"
         + ("\n".join(nope_findings(summary, methods)) or "NoPE was not in this run."),
         "## Against the papers (computed: direction of each published difference vs ours)\n\n"
@@ -201,7 +212,8 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
          "train_lengths": {t: list(r) for t, r in preset.tasks.items()},
          "budgets": {t: preset.budget(t) for t in preset.tasks},
          "ranking": {metric: ranking(summary, methods, metric) for metric in METRICS},
-         "summary": summary, "versus_posaug": versus_all(records, summary, methods),
+         "summary": summary, "versus_posaug": versus,
+         **({"merged_from": sources} if sources else {}),
          # per-example scores stay in eval/<run>.json: thousands of pairs per run
          "records": [{**r, "lengths": without_example_scores(r["lengths"])} for r in records]},
         indent=1))

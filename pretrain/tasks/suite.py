@@ -297,6 +297,26 @@ def scaled(preset: SuitePreset, train_iters: int | None, eval_count: int | None,
                                                                     for n in notes))
 
 
+def _merge(args, argv: list[str]) -> int:
+    """--merge: refuse the flags that would select or scale runs (the parts fixed those), then merge."""
+    from pretrain.tasks.merge import merge_reports
+
+    ignored = [flag for flag in ("--preset", "--seeds", "--num-seeds", "--tasks", "--methods", "--report-only",
+                                 "--train-iters", "--eval-count", "--eval-stride")
+               if any(a == flag or a.startswith(flag + "=") for a in argv)]
+    if ignored:
+        print(f"error: --merge takes preset, seeds, tasks and methods from its results.json files; drop "
+              f"{' '.join(ignored)}", file=sys.stderr)
+        return 2
+    try:
+        report = merge_reports(Path(args.output), [Path(p) for p in args.merge])
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    _log(f"report: {report}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """`python -m pretrain reproduce --suite tasks [--preset ...] [--tasks ...] [--methods ...]`."""
     import dataclasses
@@ -306,6 +326,8 @@ def main(argv: list[str]) -> int:
     from pretrain.tasks.arguments import tasks_parser
 
     args = tasks_parser().parse_args(argv)
+    if args.merge:
+        return _merge(args, argv)
     preset = PRESETS[args.preset]
     unknown_methods = [m for m in args.methods or [] if m not in METHODS]
     unknown = [t for t in args.tasks or [] if t not in preset.tasks] + unknown_methods

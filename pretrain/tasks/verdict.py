@@ -83,7 +83,7 @@ def gate(summary: dict[str, dict[str, dict]]) -> dict[str, dict]:
     for task, rows in summary.items():
         base = rows.get(BASELINE)
         if base is None or base["seen"] is None:
-            out[task] = {"passed": False, "seen": None, "per_seed": [], "why": f"no {BASELINE} baseline in this run"}
+            out[task] = {"passed": False, "seen": None, "per_seed": [], "why": "no RoPE baseline in this run"}
             continue
         seen = base["seen"]["accuracy"]
         out[task] = {"passed": seen >= GATE, "seen": seen,

@@ -20,7 +20,7 @@ import statistics
 
 from pretrain.table import current_name
 
-from .verdict import BASELINE, METRICS, gate, significance, token_se
+from .verdict import METRICS, gate, significance, token_se
 
 REFERENCE = "posaug"
 WORDS = {"higher": "wins", "lower": "loses", "no significant difference": "ties"}
@@ -98,22 +98,30 @@ def _cell(result: dict | None) -> str:
 
 
 def versus_section(records: list[dict], summary: dict[str, dict[str, dict]], methods: list[str],
-                   reference: str = REFERENCE) -> str:
-    """The report's section: one table per metric, a row per other method, a cell per gated task, and a tally."""
+                   reference: str = REFERENCE, results: dict | None = None) -> str:
+    """The report's section: one table per metric, a row per other method, a cell per gated task, and a tally.
+
+    results: `versus_all`'s answer when it is already known (a merged report's stored paired results).
+    """
     title = (f"## {reference} against each row, beyond N (paired per held-out example; a win or loss beats 2 "
              "paired SE and 2 seed SE)")
     if reference not in methods:
         return f"{title}\n\n{reference} was not in this run."
-    results = versus_all(records, summary, methods, reference)
+    if results is None:
+        results = versus_all(records, summary, methods, reference)
+    passed = {t for t, g in gate(summary).items() if g["passed"]}
+    results = {metric: {other: {t: r for t, r in per_task.items() if t in passed}
+                        for other, per_task in per_other.items() if other in methods}
+               for metric, per_other in results.items()}
     tasks = sorted({t for per_metric in results.values() for per_other in per_metric.values() for t in per_other},
                    key=list(summary).index)
     if not tasks:
-        return f"{title}\n\nNo task whose {BASELINE} baseline learned it in distribution: no verdict."
+        return f"{title}\n\nNo task whose RoPE baseline learned it in distribution: no verdict."
     parts = [title, f"Cells: {reference} − row, in points of the metric, ± paired SE; bold where it counts."]
     for metric, name in METRICS.items():
         lines = [f"{name}:", "", "| vs | " + " | ".join(tasks) + " | wins / losses / ties |",
                  "|---|" + "---|" * (len(tasks) + 1)]
-        for other, per_task in results[metric].items():
+        for other, per_task in results.get(metric, {}).items():
             verdicts = [per_task[t]["verdict"] for t in tasks if t in per_task]
             tally = " / ".join(str(verdicts.count(v)) for v in WORDS)
             lines.append(f"| {other} | " + " | ".join(_cell(per_task.get(t)) for t in tasks) + f" | {tally} |")
