@@ -128,10 +128,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     check_runtime(model)
     config = transformer_config(model, parallel, per_sample_positions=per_sample_positions)
     spec_kwargs = {} if model.transformer_impl == "transformer_engine" else {"normalization": "RMSNorm"}
-    if model.position_embedding_type == "alibi":
-        if parallel.context_parallel_size > 1:
-            raise ValueError("model.position_embedding_type=alibi does not support context parallelism; "
-                             "set parallel.context_parallel_size=1")
+    if model.position_embedding_type == "alibi":  # context parallelism refused by parallel.check_model
         from megatron_ext.alibi_attention import alibi_layer_spec
 
         spec = alibi_layer_spec(model.transformer_impl, **spec_kwargs)
@@ -162,10 +159,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         # config); p-RoPE zeroes frequencies Megatron has no option for.
         rotary = gpt.rotary_pos_emb
         rotary.inv_freq = model.inv_freq(rotary.inv_freq.device)
-    if model.scales_queries:
-        if parallel.context_parallel_size > 1:
-            raise ValueError("model.attn_temperature_tuning / model.ssmax_scale scale queries by their token index, "
-                             "which a context-parallel rank does not hold: set parallel.context_parallel_size=1")
+    if model.scales_queries:  # context parallelism refused by parallel.check_model
         from megatron_ext.attention_scaling import install_query_scaling
 
         temperature = ((model.attn_temperature_beta, float(model.attn_temperature_floor))

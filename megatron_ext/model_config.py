@@ -141,6 +141,10 @@ class ModelConfig:
                              f"(got {self.attn_temperature_beta} and {self.attn_temperature_floor})")
         if self.ssmax_scale is not None and not self.ssmax_scale > 0:
             raise ValueError(f"model.ssmax_scale must be > 0 or null (got {self.ssmax_scale})")
+        if self.ssmax_scale is not None and self.position_embedding_type == "alibi":
+            # The query scaling multiplies q·k only; ALiBi's bias is added after it, so SSMax would miss it.
+            raise ValueError("model.ssmax_scale (SSMax) with model.position_embedding_type=alibi is not supported "
+                             "(SSMax would scale q·k but not ALiBi's bias); use rope or none with SSMax")
 
     @property
     def scales_queries(self) -> bool:

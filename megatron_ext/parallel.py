@@ -96,6 +96,18 @@ class ParallelConfig:
                 raise ValueError(f"model.recompute_method=uniform: model.recompute_num_layers "
                                  f"({model.recompute_num_layers}) must divide the {layers_per_chunk} layers "
                                  "of a pipeline stage")
+        self.check_context_parallel(model)
         if self.context_parallel_size > 1 and not torch.cuda.is_available():
             raise ValueError("parallel.context_parallel_size > 1 needs GPUs (Megatron's context "
                              "parallel attention is Transformer Engine only); set it to 1 on CPU")
+
+    def check_context_parallel(self, model: "ModelConfig") -> None:  # noqa: F821
+        """Models whose attention needs every token's index or the whole key range on each rank: not under CP."""
+        if self.context_parallel_size == 1:
+            return
+        if model.position_embedding_type == "alibi":
+            raise ValueError("model.position_embedding_type=alibi does not support context parallelism; "
+                             "set parallel.context_parallel_size=1")
+        if model.scales_queries:
+            raise ValueError("model.attn_temperature_tuning / model.ssmax_scale scale queries by their token index, "
+                             "which a context-parallel rank does not hold: set parallel.context_parallel_size=1")

@@ -87,6 +87,7 @@ def _check_model(config) -> None:
     import dataclasses
 
     # Context parallelism is planned (sequence split) even on a machine without a GPU.
+    config.parallel.check_context_parallel(config.model)
     dataclasses.replace(config.parallel, context_parallel_size=1).check_model(config.model)
 
 

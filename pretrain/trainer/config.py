@@ -273,6 +273,9 @@ def _check_document_masking(config: "TrainConfig") -> None:
     if config.parallel.context_parallel_size > 1:
         raise ValueError("data.document_masking=true with parallel.context_parallel_size > 1 is not supported "
                          "(the block-diagonal mask is not sliced per CP rank); set context_parallel_size=1")
+    if config.positions.strategy == "pose":
+        raise ValueError("positions.strategy=pose with data.document_masking=true is not supported (PoSE skips "
+                         "positions across one window, not per document); set data.document_masking=false")
     if config.model.transformer_impl != "local":
         raise ValueError("data.document_masking=true needs model.transformer_impl=local (the [b, 1, s, s] mask path; "
                          "the trainer does not pack THD sequences for Transformer Engine)")

@@ -126,7 +126,31 @@ def test_posaug_positions_reach_only_the_rope_layers_of_a_nope_interleaved_model
     torch.testing.assert_close(_logits(model, tokens, positions), expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("options", [dict(ssmax_scale=0.4),
+                                     dict(no_rope_freq=2, attn_temperature_tuning=True, attn_temperature_floor=4)],
+                         ids=["ssmax", "nope_temperature"])
+def test_query_scaling_restarts_at_every_document_of_a_packed_window(megatron_world, tokens, options):
+    from megatron_ext.positions.documents import Documents
+
+    model, _ = _build(**options)
+    documents = Documents(torch.tensor([[0] * 10 + [1] * (S - 10)] * B))
+    positions = documents.offsets.float()
+    packed = model(tokens, positions, documents.attention_mask())[:, 10:, :256]
+    alone = _logits(model, tokens[:, 10:], positions[:, 10:])
+    torch.testing.assert_close(packed.detach(), alone, atol=1e-5, rtol=0)
+
+
+def test_context_parallelism_is_refused_for_models_that_scale_queries_by_index():
+    from megatron_ext.parallel import ParallelConfig
+
+    for options in (dict(ssmax_scale=0.4), dict(no_rope_freq=2, attn_temperature_tuning=True),
+                    dict(position_embedding_type="alibi")):
+        with pytest.raises(ValueError, match="set parallel.context_parallel_size=1"):
+            ParallelConfig(context_parallel_size=2).check_context_parallel(model_preset("tiny", **options))
+
+
 @pytest.mark.parametrize("options,match", [
+    (dict(ssmax_scale=0.4, position_embedding_type="alibi"), "ssmax_scale.*alibi"),
     (dict(rope_proportion=0.5, position_embedding_type="none"), "rope_proportion"),
     (dict(no_rope_freq=0), "no_rope_freq"),
     (dict(attn_temperature_tuning=True), "no_rope_freq"),

@@ -58,6 +58,13 @@ def test_layout_that_does_not_divide_the_batch_is_bad_input(capsys, megatron_wor
     assert "schedule.global_batch_size (128) must be divisible" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["113m_ssmax", "113m_irope"])
+def test_context_parallelism_for_a_model_that_scales_queries_by_index_is_bad_input(capsys, megatron_world, name):
+    assert main([name, "--set", "parallel.context_parallel_size=2", "--nodes", "1", "--gpus-per-node", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "set parallel.context_parallel_size=1" in err
+
+
 def test_fp8_on_a_gpu_without_fp8_is_bad_input(capsys, megatron_world):
     assert main(["10m_posaug", "--gpu", "a100-80gb", "--precision", "fp8"]) == 2
     assert "--precision bf16" in capsys.readouterr().err

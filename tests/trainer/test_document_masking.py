@@ -80,6 +80,13 @@ def test_transformer_engine_with_document_masking_is_refused_in_one_line():
         cfg._check_document_masking(config)
 
 
+def test_pose_with_document_masking_is_refused_in_one_line():
+    config = cfg.load(None, ["preset=tiny", "data.synthetic=true", "data.document_masking=true",
+                             "positions.strategy=pose", "positions.max_position=256"])
+    with pytest.raises(ValueError, match="positions.strategy=pose with data.document_masking=true"):
+        config.validate(world_size=1)
+
+
 @pytest.mark.slow
 def test_training_with_document_masking_and_eod_mask_loss_runs_on_data_prep_shards(tiny_shards, tmp_path):
     run_train([*TINY_TRAIN, f"data.data_path={tiny_shards}", "schedule.train_iters=6", "positions.strategy=rfs",
