@@ -1,4 +1,4 @@
-"""Real training steps under torchrun for every position strategy in one launch; saves losses and weights.
+"""Real training steps under torchrun for every position method in one launch; saves losses and weights.
 
 Used by tests/trainer/test_parallel_equivalence.py: the same global batch, initial weights and seed under
 TP=2, PP=2 (1F1B), DP=2 (with or without the distributed optimizer) or another micro-batch size must give
@@ -37,7 +37,19 @@ STRATEGIES = {
     "rfs_per_sample": {"strategy": "rfs", "granularity": "per_sample"},
     "rpe": {"strategy": "rpe", "max_position": 256},
     "warp": {"strategy": "warp", "p_head": 0.4, "p_tail": 0.4},
+    "pose": {"strategy": "pose", "max_position": 256},
+    "prope": {},
+    "irope": {},
+    "ssmax": {},
+    "posaug_prope": {"strategy": "posaug"},
+    "posaug_irope": {"strategy": "posaug"},
 }
+# The rows whose method is a model option (pretrain/table.py's p-RoPE, NoPE-interleave + temperature, SSMax),
+# with values far enough from 1 that a layout-dependent factor would show.
+_IROPE = {"no_rope_freq": 2, "attn_temperature_tuning": True, "attn_temperature_beta": 0.5,
+          "attn_temperature_floor": 4}
+MODEL_OPTIONS = {"prope": {"rope_proportion": 0.5}, "irope": _IROPE, "ssmax": {"ssmax_scale": 0.3},
+                 "posaug_prope": {"rope_proportion": 0.5}, "posaug_irope": _IROPE}
 
 
 def sample(model, index: int) -> torch.Tensor:
@@ -161,6 +173,8 @@ def main():
     per_rank = GLOBAL_BATCH // dp_size
     results = {}
     for name in args.strategies.split(","):
+        # Model options change no parameter shapes, so a PP run's reference weights serve every row.
+        model = model_preset("tiny", bf16=args.bf16, **MODEL_OPTIONS.get(name, {}))
         sampler = build_sampler(PositionConfig(**STRATEGIES[name]), seed=SEED, train_seq_len=model.seq_length,
                                 num_layers=model.num_layers, rotary_dim=model.rotary_dim,
                                 rotary_base=model.rotary_base, total_steps=args.steps)
