@@ -73,7 +73,9 @@ class ModelConfig:
     attn_temperature_tuning: bool = False  # Llama 4: NoPE layers' queries × 1 + β·log1p(⌊(i+1)/F⌋)
     attn_temperature_beta: float = 0.1  # β (transformers' attn_scale)
     attn_temperature_floor: int = 8192  # F (transformers' floor_scale)
-    ssmax_scale: float | None = None  # SSMax: every logit × s·log n, n = keys the query sees; None = softmax
+    # SSMax: every logit × s·log n, n = keys the query sees (per document under document masking; not with
+    # alibi or context parallelism); None = softmax
+    ssmax_scale: float | None = None
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",

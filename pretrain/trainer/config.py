@@ -40,7 +40,8 @@ class DataConfig:
     task_min_length: int = 1
     task_max_length: int = 20
     # Packed documents kept apart (Megatron's reset_attention_mask + reset_position_ids): attention
-    # masked at every EOD, positions restarting per document for every position strategy.
+    # masked at every EOD, positions restarting per document for every position strategy but pose
+    # (refused), SSMax's n and the NoPE-layer temperature counted per document.
     # Training only: validation and evaluation see plain windows, so their losses compare across runs.
     document_masking: bool = False
     eod_mask_loss: bool = False  # Megatron's name: no loss on EOD inputs (training)
