@@ -129,3 +129,135 @@ def test_the_stored_task_results_are_compared_against_the_baseline_as_before_the
     assert {r["method"] for r in stored["records"]} >= {"rope"}  # written before the rename, never rewritten
     claims = task_comparisons(stored)
     assert claims and all(c["claim"].endswith("vs baseline (unseen exact match)") for c in claims)
+
+
+# rederive (pretrain.experiments.rederive): stored verdicts re-derived under the evidence rule.
+
+def two_seed_records(ranking=None):
+    """A task-suite results.json: seeds move both rows alike (Δ 0.3 on each seed) but their sds sum to 0.42, so the
+    former rule (beyond sd_a + sd_b) saw no difference and the evidence rule (2 SE, 2 seed SE) sees one."""
+    records = [record("copy", "baseline", 42, 1.0, 0.1), record("copy", "baseline", 137, 1.0, 0.4),
+               record("copy", "rfs", 42, 1.0, 0.4), record("copy", "rfs", 137, 1.0, 0.7)]
+    return {"records": records, **({"ranking": ranking} if ranking is not None else {})}
+
+
+def run_rederive(tmp_path, capsys, *files):
+    from pretrain.experiments.rederive import main
+
+    paths = []
+    for i, content in enumerate(files):
+        path = tmp_path / f"{i}_results.json"
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+        paths.append(str(path))
+    status = main(paths)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_rederive_skips_a_results_file_that_is_neither_an_ablation_nor_a_task_suite_in_one_line(tmp_path, capsys):
+    lm_table = {"preset": "cpu-small", "seeds": [42], "summary": {"baseline": {"n": 1, "cliff": [0.3, 0.0]}}}
+    status, out, err = run_rederive(tmp_path, capsys, lm_table)
+    assert status == 0 and not err
+    assert out.count("\n") == 1 and "skipped" in out
+
+
+def test_rederive_goes_on_to_the_task_files_after_a_skipped_one(tmp_path, capsys):
+    documents = {"summary": {}, "records": [{"run": "baseline_s42", "method": "baseline", "seed": 42}]}
+    status, out, _ = run_rederive(tmp_path, capsys, documents, two_seed_records())
+    assert status == 0 and "1_results.json: 2 of 2 verdicts change" in out  # exact match and per-token
+
+
+def test_rederive_reports_a_missing_file_in_one_line_with_exit_status_2(tmp_path, capsys):
+    from pretrain.experiments.rederive import main
+
+    status = main([str(tmp_path / "missing_results.json")])
+    out, err = capsys.readouterr()
+    assert status == 2 and not out
+    assert err.count("\n") == 1 and "missing_results.json" in err and "Traceback" not in err
+
+
+def test_rederive_reports_an_unreadable_json_in_one_line_with_exit_status_2(tmp_path, capsys):
+    status, out, err = run_rederive(tmp_path, capsys, "{not json")
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_rederive_sets_task_verdicts_against_the_stored_ranking_not_the_former_rule():
+    from pretrain.experiments.rederive import task_comparisons
+
+    stored = [{"method": m, "tasks": ["copy"], "beats_baseline": ["copy"] if m == "rfs" else [],
+               "trails_baseline": []} for m in ("rfs", "baseline")]
+    [claim] = [c for c in task_comparisons(two_seed_records({"accuracy": stored})) if "exact match" in c["claim"]]
+    assert (claim["old"], claim["old_from"], claim["new"]) == ("higher", "stored ranking", "higher")
+
+
+def test_rederive_reads_a_ranking_stored_under_the_former_names_rope_beats_rope():
+    from pretrain.experiments.rederive import stored_ranking
+
+    stored = {"accuracy": [{"method": "rfs", "tasks": ["copy", "sort"], "beats_rope": ["copy"],
+                            "trails_rope": ["sort"]}]}
+    assert stored_ranking({"ranking": stored}, "accuracy") == {("rfs", "copy"): "higher",
+                                                               ("rfs", "sort"): "lower"}
+
+
+def test_rederive_falls_back_to_the_former_rule_recomputed_where_the_file_stores_no_ranking():
+    from pretrain.experiments.rederive import task_comparisons
+
+    [claim] = [c for c in task_comparisons(two_seed_records()) if "exact match" in c["claim"]]
+    assert (claim["old"], claim["old_from"], claim["new"]) == ("no significant difference",
+                                                               "former rule, recomputed", "higher")
+
+
+def test_the_stored_pose_on_sort_verdict_is_unchanged_by_rederive():
+    # The audit's case: the former rule recomputed said "no significant difference"; the file's ranking says beats.
+    from pretrain.experiments.rederive import task_comparisons
+
+    stored = json.loads((REPO / "benchmarks" / "results" / "tasks_cpu-long_methods_2seeds_results.json").read_text())
+    [claim] = [c for c in task_comparisons(stored)
+               if c["task"] == "sort" and c["claim"] == "pose vs baseline (unseen exact match)"]
+    assert claim["old"] == claim["new"] == "higher" and claim["old_from"] == "stored ranking"
+
+
+def test_rederive_names_the_se_of_method_vs_rope_verdicts_independent_binomial(tmp_path, capsys):
+    _, out, _ = run_rederive(tmp_path, capsys, two_seed_records())
+    lines = [x for x in out.splitlines() if x.startswith("  copy — rfs vs baseline")]
+    assert lines and all("independent binomial SE" in x and "paired SE" not in x for x in lines)
+
+
+def test_rederive_rederives_the_per_token_verdicts_against_rope_too():
+    from pretrain.experiments.rederive import task_comparisons
+
+    records = [record("copy", "baseline", 42, 1.0, 0.1, token=0.5), record("copy", "rfs", 42, 1.0, 0.4, token=0.9)]
+    claims = {c["claim"]: c["new"] for c in task_comparisons({"records": records})}
+    assert claims["rfs vs baseline (unseen per-token accuracy)"] == "higher"
+
+
+def versus_file(verdict, paired=True):
+    results = two_seed_records()
+    results["versus_posaug"] = {"accuracy": {"baseline": {"copy": {
+        "delta": 0.10, "se": 0.01, "seed_se": 0.01, "verdict": verdict, "seeds": 2, "paired": paired}}}}
+    return results
+
+
+def test_rederive_rederives_the_stored_posaug_versus_verdicts_from_their_paired_se():
+    from pretrain.experiments.rederive import versus_comparisons
+
+    [item] = versus_comparisons(versus_file("no significant difference"))
+    assert (item["old"], item["new"], item["se_kind"]) == ("no significant difference", "higher", "paired SE")
+
+
+def test_rederive_names_an_unpaired_stored_versus_result_independent_binomial():
+    from pretrain.experiments.rederive import versus_comparisons
+
+    [item] = versus_comparisons(versus_file("higher", paired=False))
+    assert item["se_kind"] == "independent binomial SE"
+
+
+def test_rederive_notes_where_paired_and_independent_posaug_vs_rope_verdicts_differ():
+    from pretrain.experiments.rederive import paired_disagreements
+
+    independent = [{"task": "copy", "claim": "posaug vs baseline (unseen exact match)", "new": "no significant "
+                    "difference", "se": 0.05}]
+    paired = [{"task": "copy", "claim": "posaug vs baseline (unseen exact match)", "new": "higher", "se": 0.01,
+               "seed_se": 0.0, "se_kind": "paired SE"}]
+    [note] = paired_disagreements(independent, paired)
+    assert "higher with the paired SE" in note and "no significant difference with independent" in note
