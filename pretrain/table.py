@@ -138,8 +138,8 @@ METHODS: dict[str, Method] = {
     "irope": Method({"strategy": "none"}, model=I_ROPE, model_in_windows=I_ROPE_FLOOR, shipped=True),
     "ssmax": Method({"strategy": "none"}, model_in_windows=SSMAX, shipped=True),
     "pose": Method({"strategy": "pose", "pose_chunks": 2}, max_position_in_windows=EXTRAPOLATION, shipped=True),
-    "posaug_prope": Method(POSAUG, model=P_ROPE),
-    "posaug_irope": Method(POSAUG, model=I_ROPE, model_in_windows=I_ROPE_FLOOR),
+    "posaug_prope": Method(POSAUG, model=P_ROPE, shipped=True),
+    "posaug_irope": Method(POSAUG, model=I_ROPE, model_in_windows=I_ROPE_FLOOR, shipped=True),
 }
 SHIPPED_METHODS = tuple(name for name, method in METHODS.items() if method.shipped)
 # Former method names: refused on command lines with the current name, read as it from stored records (the task

@@ -63,8 +63,23 @@ class Spec:
 
     @property
     def cpu(self) -> bool:
-        """True for the CPU presets (trained on CPU nodes, one config per method written by us)."""
+        """True for the reproduce presets (one config per method written by us, their own data); see on_gpu."""
         return self.preset != PAPER
+
+    @property
+    def on_gpu(self) -> bool:
+        """True when the runs train and evaluate on GPU nodes: the paper grid and GPU presets (gpu-10m)."""
+        return not self.cpu or PRESETS[self.preset].gpu
+
+    def launcher(self, size: str, method: str) -> Path:
+        """The launcher of (size, method)'s training array: the paper's own; a preset's runs go through the
+        launcher of their GPU size (gpu-10m: 10m) or, on CPU nodes, the 10m one, with CONFIG= their config
+        (the baseline's launcher for a method without a shipped one: the config says it all)."""
+        if not self.cpu:
+            return ROOT / "slurm" / f"pretrain_{size}_{method}.sh"
+        size = size if self.on_gpu else CPU_LAUNCHER_SIZE
+        launcher = ROOT / "slurm" / f"pretrain_{size}_{method}.sh"
+        return launcher if launcher.is_file() else ROOT / "slurm" / f"pretrain_{size}_baseline.sh"
 
     def runs(self) -> list[tuple[str, str, int]]:
         """(size, method, seed) of every run, size-major."""
@@ -138,7 +153,8 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
 
     n = len(spec.seeds)
     by_budget = dict.fromkeys(BUDGETS, 0.0)
-    rows = [f"{'run':<22}{'GPUs':>6}{'peak/GPU':>13}{'fits':>6}{'steps':>9}{'wall/run':>13}{'GPU-h/run':>11}"
+    width = max(22, *(len(f"{size}_{method}") + 2 for size in spec.sizes for method in spec.methods))
+    rows = [f"{'run':<{width}}{'GPUs':>6}{'peak/GPU':>13}{'fits':>6}{'steps':>9}{'wall/run':>13}{'GPU-h/run':>11}"
             f"{'seeds':>7}{'GPU-h':>10}{'jobs/run':>10}"]
     total, longest, serial, refusals, gpu_label = 0.0, 0.0, 0.0, [], spec.gpu
     for size in spec.sizes:
@@ -159,17 +175,18 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
             longest, serial = max(longest, plan.wall_seconds), serial + plan.wall_seconds * n
             jobs = "-"
             slurm = SIZES[size].slurm
-            if slurm is not None and not spec.cpu:  # requeued jobs a run needs within the launcher's --time
+            if slurm is not None and spec.on_gpu:  # requeued jobs a run needs within the launcher's --time
                 jobs = str(math.ceil(plan.wall_seconds / max(parse_slurm_time(slurm.time) - slurm.usr1_lead_s, 1)))
-            rows.append(f"{name:<22}{plan.layout.world:>6}{gib(plan.worst.peak):>13}{'yes' if plan.fits else 'NO':>6}"
-                        f"{plan.iterations:>9,}{duration(plan.wall_seconds):>13}{plan.gpu_hours:>11,.1f}{n:>7}"
+            rows.append(f"{name:<{width}}{plan.layout.world:>6}{gib(plan.worst.peak):>13}"
+                        f"{'yes' if plan.fits else 'NO':>6}{plan.iterations:>9,}{duration(plan.wall_seconds):>13}{plan.gpu_hours:>11,.1f}{n:>7}"
                         f"{plan.gpu_hours * n:>10,.1f}{jobs:>10}")
-    rows.append(f"{'total':<22}{'':>65}{len(spec.runs()):>7}{total:>10,.1f}")
+    rows.append(f"{'total':<{width}}{'':>65}{len(spec.runs()):>7}{total:>10,.1f}")
     if not spec.cpu:  # both budgets side by side, whichever this grid trains
         rows.append(f"GPU-hours of this grid: {', '.join(f'{b} {h:,.1f}' for b, h in by_budget.items())} "
                     f"(--budget {spec.budget or 'table1'} is what it submits; chinchilla = 20 tokens per parameter)")
     mfu = f"MFU {spec.mfu:.0%}" if spec.mfu else "the GPU's published Megatron MFU"
-    where = "CPU nodes (the plan is what the same runs would take on the GPU)" if spec.cpu else "the launchers' nodes"
+    where = ("the launchers' nodes" if spec.on_gpu
+             else "CPU nodes (the plan is what the same runs would take on the GPU)")
     text = "\n".join([f"plan: grid `{spec.preset}` on {gpu_label}, {mfu}, runs on {where}", *rows,
                       f"wall clock: {duration(longest)} when every run has its GPUs at once, "
                       f"{duration(serial)} one run at a time"])

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from pretrain.faults import write_text_atomic
-from pretrain.experiments.grid_plan import (CPU_LAUNCHER_SIZE, CPU_TRAIN_RESOURCES, EVAL_RESOURCES, GRID_FILE,
+from pretrain.experiments.grid_plan import (CPU_TRAIN_RESOURCES, EVAL_RESOURCES, GRID_FILE,
                                             JOB_PREFIX, LIVE_STATES, REPORT_RESOURCES, ROOT, Spec, eval_path, evaluated,
                                             load_state, run_name, save_state, shards_ready, train_config,
                                             train_finished)
@@ -149,13 +149,12 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
                            f"--array={','.join(str(i) for i, _ in todo)}"]
                 if spec.nodes or spec.cpu:
                     options.append(f"--nodes={spec.nodes or 1}")
+                launcher = spec.launcher(size, method)
                 if spec.cpu:
                     train_env["CONFIG"] = str(out / "configs" / f"{group}.yaml")
                     train_env["RUN_NAME"] = f"{group}_seed{{seed}}"
-                    options += CPU_TRAIN_RESOURCES
-                    launcher = ROOT / "slurm" / f"pretrain_{CPU_LAUNCHER_SIZE}_{method}.sh"
-                    if not launcher.is_file():  # a method without a shipped launcher: its config says it all
-                        launcher = ROOT / "slurm" / f"pretrain_{CPU_LAUNCHER_SIZE}_baseline.sh"
+                    if not spec.on_gpu:  # a GPU preset keeps its launcher's #SBATCH GPUs and time
+                        options += CPU_TRAIN_RESOURCES
                     if not dry_run:
                         from pretrain.trainer import config as config_module
 
@@ -166,7 +165,6 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
                     train_env["DATA_PREFIX"] = spec.data_prefix
                     if spec.budget:
                         train_env["BUDGET"] = spec.budget
-                    launcher = ROOT / "slurm" / f"pretrain_{size}_{method}.sh"
                 if data_dep:
                     options += [f"--dependency=afterok:{data_dep}", "--kill-on-invalid-dep=yes"]
                 array = slurm.submit(_var("train", group), train_env, options, [str(launcher)])
@@ -180,7 +178,7 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
                 if evaluated(spec, size, method, seed):
                     continue
                 options = [*_job_common(spec, f"eval-{name}", f"eval-{name}-%j.out"),
-                           *EVAL_RESOURCES["cpu" if spec.cpu else "gpu"]]
+                           *EVAL_RESOURCES["gpu" if spec.on_gpu else "cpu"]]
                 train_job = jobs["train"].get(name)
                 if not train_finished(spec, size, method, seed) and train_job:
                     options += [f"--dependency=afterok:{train_job}", "--kill-on-invalid-dep=yes"]

@@ -13,6 +13,7 @@ from pretrain.table import EXTRAPOLATION
 PAPER_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs", "rpe", "warp", "nope", "alibi")
 # What 2025 models ship (p-RoPE, Llama 4's NoPE interleave, SSMax, PoSE), alone and combined with PosAug.
 MODERN_METHODS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope")
+# Every method row `reproduce --preset P --methods ...` trains, locally and as `reproduce --slurm --preset P`.
 TRAINING_METHODS = PAPER_METHODS + MODERN_METHODS
 # The default presets stay within ~30 min on 2 cores: NoPE/ALiBi rows (Table 15) run in cpu-long and
 # cpu-tiny, and in cpu-small with --methods; the MODERN_METHODS rows run with --methods (benchmarks/README.md).
@@ -39,8 +40,9 @@ class Preset:
     corpus_bytes: int
     valid_fraction: float
     gain_spans: int = 40  # exact G(C) costs a pass per target token: computed on the first spans only; 0 = skip
-    methods: tuple[str, ...] = PAPER_METHODS
+    methods: tuple[str, ...] = PAPER_METHODS  # the default rows; --methods picks any of TRAINING_METHODS
     inference: tuple[str, ...] = tuple(INFERENCE)
+    gpu: bool = False  # trained on a GPU: `reproduce --slurm` submits it to GPU nodes through its size's launchers
 
     @property
     def train_iters(self) -> int:
@@ -67,7 +69,7 @@ PRESETS = {
     "gpu-10m": Preset(model="10m", window=2048, vocab_size=4096, train_tokens=500_000_000,
                       global_batch_size=128, micro_batch_size=16, lr=6e-4, eval_length=EXTRAPOLATION * 2048,
                       num_spans=16, in_dist_start=16, gain_window=512, corpus_bytes=6_000_000,
-                      valid_fraction=0.15, gain_spans=0),
+                      valid_fraction=0.15, gain_spans=0, gpu=True),
     # seconds-scale smoke run of the whole pipeline (tests); numbers are not meaningful.
     "cpu-tiny": Preset(model="tiny", window=32, vocab_size=512, train_tokens=8_192, global_batch_size=16,
                        micro_batch_size=16, lr=3e-3, eval_length=128, num_spans=24, in_dist_start=8,

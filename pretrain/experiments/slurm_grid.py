@@ -29,6 +29,7 @@ from pretrain.experiments.grid_plan import (GRID_FILE, PAPER, PAPER_SEEDS, PRESE
                                             parse_run_name, plan_grid, run_name, shards_ready)
 from pretrain.experiments.grid_status import stage_data, stage_eval, stage_report, status
 from pretrain.experiments.grid_submit import Slurm, submit
+from pretrain.experiments.presets import TRAINING_METHODS
 from pretrain.cli import Parser, add_seeds, add_set, seeds_of
 from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES, former_name_hint
 
@@ -52,17 +53,20 @@ def make_spec(args: argparse.Namespace) -> Spec:
     """The grid the arguments ask for; ValueError (one line naming the flag) when they cannot make one."""
     from pretrain.plan.hardware import GPUS
 
+    # methods_all: what --methods may name; the default grid: the paper's shipped rows, a preset's default rows.
+    # A preset's grid takes every method its local `reproduce --preset` does (presets.TRAINING_METHODS).
     if args.preset == PAPER:
-        sizes_all, methods_all, seeds = TABLE1_SIZES, SHIPPED_METHODS, list(PAPER_SEEDS)
+        sizes_all, methods_all, default, seeds = TABLE1_SIZES, SHIPPED_METHODS, SHIPPED_METHODS, list(PAPER_SEEDS)
     elif args.preset in PRESETS:
-        sizes_all, methods_all, seeds = (PRESETS[args.preset].model,), PRESETS[args.preset].methods, [42]
+        preset = PRESETS[args.preset]
+        sizes_all, methods_all, default, seeds = (preset.model,), TRAINING_METHODS, preset.methods, [42]
     else:
         raise ValueError(f"--preset {args.preset}: choose one of {[PAPER, *sorted(PRESETS)]}")
     sizes = _split(args.sizes) or list(sizes_all)
     bad = [s for s in sizes if s not in sizes_all]
     if bad:
         raise ValueError(f"--sizes {' '.join(bad)}: the {args.preset} grid has sizes {', '.join(sizes_all)}")
-    methods = _split(args.methods) or list(methods_all)
+    methods = _split(args.methods) or list(default)
     bad = [m for m in methods if m not in methods_all]
     if bad:
         raise ValueError(f"--methods {' '.join(bad)}: the {args.preset} grid has methods {', '.join(methods_all)}"
@@ -110,11 +114,14 @@ def parser() -> Parser:
     p = Parser(prog="python -m pretrain reproduce --slurm",
                description="submit a whole grid of runs to SLURM: plan, train, evaluate, report")
     p.add_argument("--slurm", action="store_true", help="(this mode)")
-    p.add_argument("--preset", default=PAPER, help=f"{PAPER} (Table 2: 5 sizes x 5 methods x 3 seeds) or a CPU "
-                   f"preset ({', '.join(sorted(PRESETS))})")
+    gpu_presets = ", ".join(sorted(name for name, preset in PRESETS.items() if preset.gpu))
+    p.add_argument("--preset", default=PAPER, help=f"{PAPER} (the {len(TABLE1_SIZES)} Table 1 sizes x the "
+                   f"{len(SHIPPED_METHODS)} shipped methods x {len(PAPER_SEEDS)} seeds) or a reproduce preset "
+                   f"({', '.join(sorted(PRESETS))}; {gpu_presets} on GPU nodes, the others on CPU nodes)")
     p.add_argument("--output", default="reproduce_grid", help="grid directory: runs, logs, results, report.md")
     p.add_argument("--sizes", nargs="+", help="a subset of the preset's sizes")
-    p.add_argument("--methods", nargs="+", help="a subset of the preset's methods (the baseline is always kept)")
+    p.add_argument("--methods", nargs="+", help="methods of the grid (the baseline is always kept): paper, any "
+                   "shipped method; a reproduce preset, any method its local `reproduce --methods` takes")
     add_seeds(p, default_count=None)  # default: 42,137,2024 for paper, 42 for CPU presets
     p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU model the plan checks memory and cost against")
     p.add_argument("--mfu", type=float, help="MFU the plan assumes (default: the GPU's published one)")

@@ -15,8 +15,9 @@ def sweep(args: argparse.Namespace) -> str:
 
     from pretrain.plan.budget import budget_tokens, gpu_hours_at
 
-    rows = [f"{'run':<16}{'GPUs':>6}{'TP/PP/DP':>10}{'peak/GPU':>13}{'fits':>6}{'steps':>8}{'wall':>13}{'GPU-h':>10}"
-            f"{'GPU-h chinchilla':>18}"]
+    width = max(len(f"{size}_{method}") for size in TABLE1_SIZES for method in SHIPPED_METHODS) + 2
+    rows = [f"{'run':<{width}}{'GPUs':>6}{'TP/PP/DP':>10}{'peak/GPU':>13}{'fits':>6}{'steps':>8}{'wall':>13}"
+            f"{'GPU-h':>10}{'GPU-h chinchilla':>18}"]
     total = chinchilla = 0.0
     gpu_label = None
     for size in TABLE1_SIZES:
@@ -29,10 +30,10 @@ def sweep(args: argparse.Namespace) -> str:
             total += plan.gpu_hours
             at_chinchilla = gpu_hours_at(plan, budget_tokens(size, "chinchilla"))
             chinchilla += at_chinchilla
-            rows.append(f"{size + '_' + method:<16}{lay.world:>6}{f'{lay.tp}/{lay.pp}/{lay.dp}':>10}"
+            rows.append(f"{size + '_' + method:<{width}}{lay.world:>6}{f'{lay.tp}/{lay.pp}/{lay.dp}':>10}"
                         f"{gib(plan.worst.peak):>13}{'yes' if plan.fits else 'NO':>6}{plan.iterations:>8,}"
                         f"{duration(plan.wall_seconds):>13}{plan.gpu_hours:>10,.1f}{at_chinchilla:>18,.1f}")
-    rows.append(f"{'total':<16}{'':>66}{total:>10,.1f}{chinchilla:>18,.1f}")
+    rows.append(f"{'total':<{width}}{'':>66}{total:>10,.1f}{chinchilla:>18,.1f}")
     mfu = f"MFU {args.mfu:.0%} (--mfu)" if args.mfu else "each GPU's published Megatron MFU (see pretrain/plan/hardware.py)"
     return "\n".join([f"sweep: Table 1 sizes x shipped methods on {gpu_label}, {mfu}", *rows,
                       "GPU-h: the config's budget (the paper's Table 1); GPU-h chinchilla: 20 tokens per parameter "

@@ -1,9 +1,12 @@
 """Generated files: the shipped configs and SLURM launchers equal what the sizes × methods table produces."""
 
+import re
+
 import pytest
+import yaml
 
 from pretrain.experiments.generate import FIND_PROJECT_ROOT, REPO, generated_files
-from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
+from pretrain.table import METHODS, SHIPPED_METHODS, TABLE1_SIZES
 
 GENERATED = generated_files()
 
@@ -16,7 +19,33 @@ def test_checked_in_file_equals_the_generator_output(path):
 def test_every_shipped_config_has_a_launcher_and_nothing_else_is_generated():
     configs = {p.stem for p in GENERATED if p.suffix == ".yaml"}
     launchers = {p.stem.removeprefix("pretrain_") for p in GENERATED if p.suffix == ".sh"}
-    assert configs == launchers and len(configs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) == 45
+    assert configs == launchers and len(configs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) == 55
+
+
+def test_a_posaug_composition_is_shipped_whenever_the_method_it_composes_is():
+    compositions = {name: name.removeprefix("posaug_") for name in METHODS if name.startswith("posaug_")}
+    composed = [name for name, part in compositions.items() if part in METHODS]
+    assert composed == ["posaug_prope", "posaug_irope"]
+    for name in composed:
+        assert (name in SHIPPED_METHODS) == (compositions[name] in SHIPPED_METHODS), name
+
+
+@pytest.mark.parametrize("size", TABLE1_SIZES)
+@pytest.mark.parametrize("composition", ["posaug_prope", "posaug_irope"])
+def test_a_shipped_composition_is_posaugs_positions_with_the_model_fields_of_its_part(size, composition):
+    def config(method: str) -> dict:
+        return yaml.safe_load((REPO / "pretrain" / "configs" / f"{size}_{method}.yaml").read_text())
+
+    part = composition.removeprefix("posaug_")
+    both, posaug, alone, baseline = config(composition), config("posaug"), config(part), config("baseline")
+    assert both["positions"] == posaug["positions"] and both["positions"]["strategy"] == "posaug"
+    assert both["model"] == alone["model"] != baseline["model"]
+
+
+def test_the_slurm_readme_lists_every_shipped_launcher():
+    text = (REPO / "slurm" / "README.md").read_text()
+    sizes, methods = re.search(r"`pretrain_\{([\w,]+)\}_\{([\w,]+)\}\.sh`", text).groups()
+    assert sizes.split(",") == list(TABLE1_SIZES) and methods.split(",") == list(SHIPPED_METHODS)
 
 
 @pytest.mark.parametrize("script", ["data_prep.sh", "reproduce_stage.sh"])

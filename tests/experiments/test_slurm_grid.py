@@ -14,6 +14,8 @@ import pytest
 from conftest import REPO
 from pretrain.experiments.slurm_grid import PAPER_SEEDS, Spec, parse_run_name, run_name
 from pretrain.experiments.slurm_grid import main as grid_main
+from pretrain.experiments.slurm_grid import make_spec, parser
+from pretrain.experiments.presets import PRESETS, TRAINING_METHODS
 from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
 
 PY = sys.executable
@@ -185,3 +187,58 @@ def test_a_launchers_run_name_pattern_takes_each_array_tasks_seed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"\n  run dir         {tmp_path}/tiny_rfs_seed137\n" in proc.stdout
     assert "name=tiny_rfs_seed137 seed=137 " in proc.stdout
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_presets_grid_takes_every_method_its_local_reproduce_takes(tmp_path, preset):
+    from pretrain.experiments.reproduce import with_methods
+
+    args = parser().parse_args(["--slurm", "--preset", preset, "--output", str(tmp_path), "--methods",
+                                *TRAINING_METHODS])
+    assert make_spec(args).methods == TRAINING_METHODS
+    assert with_methods(PRESETS[preset], list(TRAINING_METHODS)).methods == TRAINING_METHODS  # the same list
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_presets_grid_refuses_a_method_local_reproduce_refuses_listing_what_both_take(tmp_path, preset):
+    from pretrain.experiments.reproduce import with_methods
+
+    args = parser().parse_args(["--slurm", "--preset", preset, "--output", str(tmp_path), "--methods", "p_rope"])
+    with pytest.raises(ValueError, match=f"^--methods p_rope: the {preset} grid has methods "
+                                         f"{', '.join(TRAINING_METHODS)}$"):
+        make_spec(args)
+    with pytest.raises(ValueError):
+        with_methods(PRESETS[preset], ["p_rope"])
+
+
+def test_a_presets_grid_without_methods_is_its_default_rows(tmp_path):
+    args = parser().parse_args(["--slurm", "--preset", "cpu-small", "--output", str(tmp_path)])
+    assert make_spec(args).methods == PRESETS["cpu-small"].methods
+
+
+def test_the_paper_grid_takes_the_posaug_compositions(tmp_path):
+    args = parser().parse_args(["--slurm", "--dry-run", "--sizes", "10m", "--methods", "posaug_prope", "posaug_irope",
+                                "ssmax", "--output", str(tmp_path), "--data-prefix", str(tmp_path / "owt")])
+    assert make_spec(args).methods == ("baseline", "ssmax", "posaug_prope", "posaug_irope")
+
+
+def test_the_paper_grids_methods_are_the_shipped_ones(tmp_path):
+    args = parser().parse_args(["--slurm", "--dry-run", "--output", str(tmp_path), "--data-prefix", str(tmp_path)])
+    assert make_spec(args).methods == SHIPPED_METHODS and {"posaug_prope", "posaug_irope"} <= set(SHIPPED_METHODS)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_gpu_preset_dry_run_trains_and_evaluates_on_gpu_nodes_through_the_10m_launchers(tmp_path):
+    proc = reproduce("--preset", "gpu-10m", "--methods", "posaug_irope", "nope", "--dry-run", "--output",
+                     str(tmp_path / "grid"), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "runs on the launchers' nodes" in proc.stdout
+    lines = {line.split("=", 1)[0]: line for line in proc.stdout.splitlines() if re.match(r"^\w+=\$\(", line)}
+    train, nope = lines["TRAIN_10M_POSAUG_IROPE"], lines["TRAIN_10M_NOPE"]
+    assert f"CONFIG={tmp_path / 'grid' / 'configs' / '10m_posaug_irope.yaml'}" in train
+    assert train.endswith(f"{REPO}/slurm/pretrain_10m_posaug_irope.sh)")
+    assert nope.endswith(f"{REPO}/slurm/pretrain_10m_baseline.sh)")  # no shipped nope launcher: its config says it
+    assert "--gpus-per-node=0" not in train and "--time=60" not in train  # the launcher's 1 GPU and --time
+    assert "--gpus-per-node=1" in lines["EVAL_10M_POSAUG_IROPE_SEED42"]
+    assert not (tmp_path / "grid").exists()

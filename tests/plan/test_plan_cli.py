@@ -1,6 +1,7 @@
 """`python -m pretrain plan`: the table, --json, --check, --sweep, the SLURM time warning, bad input."""
 
 import json
+import re
 
 import pytest
 
@@ -75,6 +76,17 @@ def test_sweep_lists_every_size_and_method_with_a_total(capsys, megatron_world):
     out = capsys.readouterr().out
     assert "1b_warp" in out and "10m_baseline" in out and out.count("\n") >= 27
     assert "total" in out
+
+
+def test_sweep_has_one_aligned_row_per_size_and_shipped_method(capsys, megatron_world):
+    from pretrain.table import SHIPPED_METHODS, TABLE1_SIZES
+
+    assert main(["--sweep"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("run "))
+    rows = {line.split()[0]: line for line in lines if re.match(r"^\S+\s+\d+\s+\d+/\d+/\d+ ", line)}
+    assert list(rows) == [f"{size}_{method}" for size in TABLE1_SIZES for method in SHIPPED_METHODS]
+    assert {len(row) for row in rows.values()} == {len(header)}  # every column under its heading
 
 
 @pytest.mark.parametrize("text,seconds", [("30", 1800), ("1:30", 90), ("48:00:00", 172800),
