@@ -2,7 +2,9 @@
 
 A model with q/k/v biases (an imported Qwen2, model.add_qkv_bias) exports as `Qwen2ForCausalLM`,
 the one HF type with exactly those biases; a model with Llama 3 RoPE scaling ships it as
-config.json's rope_scaling (pretrain.hf.rope).
+config.json's rope_scaling (pretrain.hf.rope). p-RoPE exports as Llama with rope_type "proportional",
+which needs transformers >= 5.5 (refused in one line before, pretrain.hf.support); NoPE-interleaved
+models export as Llama 4 text (pretrain.hf.llama4).
 
 The directory is built next to the target and moved into place only when complete, so a
 failed export never leaves a half-written or emptied output. Weight names come from
@@ -48,6 +50,10 @@ def check_exportable(model_config: ModelConfig) -> None:
         raise ValueError("cannot export: the checkpoint was trained with interleaved RoPE "
                          "(model.rotary_interleaved=true); HF Llama's rotate_half matches only "
                          "Megatron's default non-interleaved RoPE")
+    if getattr(model_config, "rope_proportion", 1.0) < 1.0:
+        from pretrain.hf.support import check_proportional_rope
+
+        check_proportional_rope(model_config.rope_proportion)  # transformers >= 5.5 (pretrain.hf.support)
 
 
 def check_exportable_to_any(model_config: ModelConfig) -> None:

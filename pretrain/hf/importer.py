@@ -148,6 +148,9 @@ def model_config_from_hf(hf_config, *, seq_length: int | None = None,
     theta, rope_type, rope = hf_rope_parameters(get)
     if rope_type == "longrope":
         problems.append(LONGROPE_REASON)
+    elif rope_type == "proportional":
+        problems.append(f"rope_type 'proportional' (p-RoPE, partial_rotary_factor={rope.get('partial_rotary_factor')}"
+                        "; the importer does not map it to model.rope_proportion)")
     elif rope_type not in ("default", "llama3"):
         problems.append(f"rope_type {rope_type!r} (import the unscaled model; set positions.rope_scaling "
                         "for evaluation instead)")

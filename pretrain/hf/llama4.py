@@ -3,7 +3,11 @@ text architecture (`Llama4ForCausalLM`), which has per-layer RoPE switches (`no_
 temperature 1 + attn_scale·log1p(⌊(i + 1) / floor_scale⌋) on its NoPE layers.
 
 Mapping: dense SwiGLU in every layer (moe_layers = []), no q/k L2 norm (use_qk_norm = false), no chunked attention
-(attention_chunk_size = null). Llama 4 rotates adjacent channel pairs (2k, 2k+1) by frequency k; Megatron's
+(layer_types all "full_attention"; see FULL_ATTENTION_CHUNK). RoPE θ goes in both transformers layouts (rope_theta and
+rope_parameters, pretrain.hf.rope): 4.57 reads only the first (its default is 500000). Works, to equal logits with and
+without the cache, under transformers 4.57.1, 5.0.0, 5.4.0, 5.5.0 and 5.24.0 (docs/hf.md).
+
+Llama 4 rotates adjacent channel pairs (2k, 2k+1) by frequency k; Megatron's
 non-interleaved RoPE rotates (k, k + d/2). Permuting the rows of q and k within each head to (0, d/2, 1, d/2 + 1, …)
 turns one into the other and leaves every q·k (so the NoPE layers too) unchanged; v and o are not touched.
 """
@@ -18,6 +22,12 @@ from pretrain.hf.weight_map import megatron_to_hf_names
 # Our HF Llama names → Llama 4 text names (the rest are equal).
 _RENAMES = (("mlp.gate_proj", "feed_forward.gate_proj"), ("mlp.up_proj", "feed_forward.up_proj"),
             ("mlp.down_proj", "feed_forward.down_proj"))
+
+# attention_chunk_size written with every layer_types entry "full_attention", so no layer is chunked. transformers
+# 4.57 builds the chunked mask on every forward even when no layer uses it and raises on a null size ("Could not find
+# an `attention_chunk_size`"), and its cache sizes chunked layers by it (TypeError on null), so null fails there. A
+# size above any sequence length makes even a reader that chunks by the size alone compute full causal attention.
+FULL_ATTENTION_CHUNK = 2**31 - 1
 
 
 def check_llama4_exportable(model_config: ModelConfig) -> None:
@@ -36,21 +46,24 @@ def llama4_config(model_config: ModelConfig, vocab_size: int, **extra):
     from transformers import Llama4TextConfig
 
     from megatron_ext.positions import nope_layers
+    from pretrain.hf.rope import hf_rope_fields
 
     check_llama4_exportable(model_config)
+    rope = hf_rope_fields(model_config, None)  # plain RoPE (p-RoPE and Llama 3 scaling are refused above)
+    n_layers = model_config.num_layers
     return Llama4TextConfig(
         vocab_size=int(vocab_size), hidden_size=model_config.hidden_size,
         intermediate_size=model_config.ffn_hidden_size, intermediate_size_mlp=model_config.ffn_hidden_size,
         num_hidden_layers=model_config.num_layers, num_attention_heads=model_config.num_attention_heads,
         num_key_value_heads=model_config.num_query_groups, head_dim=model_config.kv_channels, hidden_act="silu",
-        rms_norm_eps=model_config.layernorm_epsilon, max_position_embeddings=model_config.seq_length,
+        rms_norm_eps=model_config.layernorm_epsilon,
         tie_word_embeddings=not model_config.untie_embeddings_and_output_weights, moe_layers=[], num_local_experts=1,
-        use_qk_norm=False, attention_chunk_size=None, attention_bias=False,
+        use_qk_norm=False, attention_chunk_size=FULL_ATTENTION_CHUNK, layer_types=["full_attention"] * n_layers,
+        attention_bias=False,
         no_rope_layers=[int(not nope) for nope in nope_layers(model_config.num_layers, model_config.no_rope_freq)],
         attn_temperature_tuning=bool(model_config.attn_temperature_tuning),
         floor_scale=int(model_config.attn_temperature_floor), attn_scale=float(model_config.attn_temperature_beta),
-        rope_parameters={"rope_type": "default", "rope_theta": float(model_config.rotary_base)},
-        **{"bos_token_id": None, "eos_token_id": None, "pad_token_id": None, **extra})
+        **rope, **{"bos_token_id": None, "eos_token_id": None, "pad_token_id": None, **extra})
 
 
 def _interleave_rows(weight: torch.Tensor, head_dim: int) -> torch.Tensor:

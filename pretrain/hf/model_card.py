@@ -60,6 +60,20 @@ def model_card(train_config, record: dict, scaling: RopeScaling | None, eval_len
     model, positions = train_config.model, train_config.positions
     architecture = "A Qwen2-architecture (`Qwen2ForCausalLM`)" if model.add_qkv_bias else \
         "A Llama-architecture (`LlamaForCausalLM`)"
+    needs = []
+    if model.no_rope_freq is not None:
+        architecture = "A Llama 4 text (`Llama4ForCausalLM`: dense, no qk-norm, no chunked attention)"
+        from megatron_ext.positions import nope_layers
+
+        nope = sum(map(bool, nope_layers(model.num_layers, model.no_rope_freq)))
+        temperature = ", with attention temperature on them" if model.attn_temperature_tuning else ""
+        needs = [f"- NoPE-interleaved: {nope} of {model.num_layers} layers without RoPE (model.no_rope_freq = "
+                 f"{model.no_rope_freq}){temperature}; loads with transformers >= 4.57."]
+    elif model.rope_proportion < 1.0:
+        from pretrain.hf.support import PROPORTIONAL_ROPE_SINCE
+
+        needs = [f"- p-RoPE (proportion {model.rope_proportion:g}) as rope_type `proportional`; loads with "
+                 f"transformers >= {PROPORTIONAL_ROPE_SINCE}."]
     llama3 = model.rope_scaling()
     own = [] if llama3 is None else [
         f"- The model's own RoPE scaling (part of training): llama3, factor {llama3.factor:g}, original window "
@@ -74,5 +88,6 @@ def model_card(train_config, record: dict, scaling: RopeScaling | None, eval_len
              f"- {model.num_layers} layers, hidden {model.hidden_size}, {model.num_attention_heads} heads "
              f"({model.num_query_groups} key/value groups), vocabulary {model.vocab_size}.",
              *(own or _scaling_lines(train_config, scaling, eval_length)),
+             *needs,
              "- The full positions section is in config.json under `posaug_training`.", "", USAGE]
     return "\n".join(lines)
