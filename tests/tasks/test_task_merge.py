@@ -1,4 +1,4 @@
-"""`reproduce --suite tasks --merge`: one report of suites run in parts (pretrain.tasks.merge)."""
+"""`reproduce --suite tasks --merge`: one report of suites run in parts (pretrain.tasks.merge); the report's per-method deviations."""
 
 import dataclasses
 import json
@@ -139,3 +139,15 @@ def test_the_stored_eight_task_report_is_what_merge_writes_from_the_stored_parts
     # The stored copy links the parts' plots (the same pixels) instead of copies of its own.
     without_plots = [line for line in written.splitlines() if not line.startswith("![")]
     assert [line for line in stored.read_text().splitlines() if not line.startswith("![")] == without_plots
+
+
+def test_the_pose_deviation_is_listed_only_when_pose_is_in_the_report(tmp_path):
+    without = (tmp_path / "a" / "report.md")
+    write_part(tmp_path / "a", ["copy"])
+    with_pose = tmp_path / "b"
+    with_pose.mkdir()
+    pose_records = records("copy") + [{**r, "method": "pose"} for r in records("copy") if r["method"] == "posaug"]
+    preset = dataclasses.replace(preset_of(["copy"]), methods=(*METHODS, "pose"))
+    write_report(with_pose, "cpu-long", preset, pose_records, SEEDS, dict(TIMING))
+    assert "PoSE cuts the padded training window" not in without.read_text()
+    assert "PoSE cuts the padded training window" in (with_pose / "report.md").read_text()
