@@ -165,8 +165,16 @@ class HFScorer(Scorer):
         return dict(input_ids=tokens.to(self.device), attention_mask=torch.ones_like(tokens, device=self.device),
                     position_ids=positions, use_cache=False)
 
+    def _decoder(self):
+        """The body that returns last_hidden_state: get_decoder(), unless it is the model itself (Llama 4 text
+        under transformers 5.x), then the model's `model`."""
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        if decoder is None or decoder is self.model:
+            decoder = getattr(self.model, "model", None) or self.model.base_model
+        return decoder
+
     def hidden_and_head(self, tokens, rope):
-        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
+        base = self._decoder()
         with hf_rope(self.model, rope):
             hidden = base(**self._inputs(tokens, rope)).last_hidden_state
         lm_head = self.model.get_output_embeddings()

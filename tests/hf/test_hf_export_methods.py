@@ -112,6 +112,19 @@ def test_export_hf_of_a_trained_checkpoint_loads_with_auto_model_and_equal_logit
                                    atol=1e-4, rtol=0)
 
 
+def test_eval_scores_the_llama4_export_as_the_megatron_checkpoint_it_came_from(trained, tmp_path):
+    """transformers 5.x's Llama4ForCausalLM.get_decoder() is the model itself: the scorer takes its body."""
+    from pretrain.evaluation.metrics import per_position_loss
+    from pretrain.evaluation.scorers import load_scorer
+
+    export_checkpoint(trained["nope_interleave_temperature"], tmp_path / "hf", no_tokenizer=True)
+    spans = torch.randint(0, 256, (2, 2 * S), generator=torch.Generator().manual_seed(5))
+    hf = load_scorer(tmp_path / "hf", backend="hf", train_window=S)
+    megatron = load_scorer(trained["nope_interleave_temperature"], backend="megatron")
+    torch.testing.assert_close(per_position_loss(hf, spans), per_position_loss(megatron, spans), atol=2e-5,
+                               rtol=1e-5)
+
+
 def test_llama4_export_has_no_chunked_layer_and_a_chunk_size_4_57_accepts(trained, tmp_path):
     """transformers 4.57 builds a chunked mask (needs a size) and sizes chunked cache layers even with null
     chunking: every layer is "full_attention" and the size exceeds any length (pretrain.hf.llama4)."""
