@@ -13,7 +13,10 @@ import os
 from pretrain.cli import Parser
 from pretrain.hf.arguments import ROPE_SCALING_KINDS, cli_scaling_kind
 
-BACKENDS = ("hf", "megatron")
+BACKENDS = ("auto", "hf", "megatron")
+BACKEND_HELP = ("auto (default): hf where the checkpoint's architecture exports, else megatron (SSMax, "
+                "NoPE-interleaved, NoPE, ALiBi); hf: transformers with SDPA, memory linear in L; megatron: "
+                "FloatPositionGPTModel directly (same losses, tested)")
 GAIN_METHODS = ("exact", "kv_cache")
 MAX_BATCH_TOKENS = 16384  # default token budget of one forward pass (batch × length)
 DEVICE_HELP = "torch device (default: cuda when available, else cpu)"
@@ -73,8 +76,7 @@ def eval_parser() -> Parser:
     run.add_argument("--text-key", default="text", help="JSONL field holding the text (default: text)")
     run.add_argument("--lengths", type=_ints, default=[], help="L_eval values, e.g. 2048,8192,16384")
     run.add_argument("--num-spans", type=int, default=20, help="spans per length (paper: 20)")
-    run.add_argument("--backend", choices=BACKENDS, default="hf",
-                     help="hf: SDPA, memory linear in L (default); megatron: FloatPositionGPTModel directly")
+    run.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     run.add_argument("--train-window", type=int, help="training window w (required for HF dirs)")
     run.add_argument("--rope-scaling", choices=ROPE_SCALING_KINDS,
                      help="inference-time RoPE transform on top of the run's evaluation positions")
@@ -111,7 +113,7 @@ def eval_parser() -> Parser:
     every.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
     every.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
     every.add_argument("--gain-method", choices=GAIN_METHODS, default="exact")
-    every.add_argument("--backend", choices=BACKENDS, default="hf")
+    every.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     every.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS,
                        help="token budget per forward pass")
     every.add_argument("--device", help=DEVICE_HELP)

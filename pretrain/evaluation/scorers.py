@@ -313,10 +313,14 @@ def _scaling(kind: str | None, factor: float | None, window: int) -> RopeScaling
     return RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=window)
 
 
-def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | None = None,
+def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int | None = None,
                 rope_scaling: str | None = None, factor: float | None = None, name: str | None = None,
                 device: str | torch.device = "cpu") -> Scorer:
-    """A scorer for a Megatron checkpoint (run dir or iter_*) or an HF model directory."""
+    """A scorer for a Megatron checkpoint (run dir or iter_*) or an HF model directory.
+
+    backend "auto": transformers where a Megatron checkpoint's architecture exports (pretrain.hf.export's
+    check_exportable), else the Megatron model itself; an HF directory is always scored by transformers.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} (got {backend!r})")
     path = Path(source)
@@ -328,6 +332,14 @@ def load_scorer(source: str | Path, *, backend: str = "hf", train_window: int | 
         from pretrain.trainer.inference_model import load_for_inference
 
         model, config = load_for_inference(path)
+        if backend == "auto":
+            from pretrain.hf.export import check_exportable
+
+            try:
+                check_exportable(config.model)
+                backend = "hf"
+            except ValueError:
+                backend = "megatron"
         window = config.model.seq_length
         if train_window is not None and train_window != window:
             raise ValueError(f"--train-window {train_window} contradicts the checkpoint's "

@@ -119,24 +119,14 @@ def evaluate_run(run_dir: Path, label: str, seed: int, preset: Preset, spans: to
                  rope_scaling: str | None = None, backend: str | None = None) -> dict:
     """Per-span losses at evaluation positions, cliff pieces per span, exact G(C); one JSON-able record.
 
-    backend None: transformers where the method exports, else the Megatron model (same losses, tested).
+    backend None: load_scorer's "auto" (transformers where the checkpoint exports, else the Megatron model).
     """
     from pretrain.evaluation.metrics import context_gain, per_position_loss, span_cliffs
     from pretrain.evaluation.scorers import load_scorer
 
     # What HF cannot express (NoPE, ALiBi, NoPE-interleave, SSMax) is scored by the Megatron model itself
-    # (same losses, tested).
-    from megatron_ext.model import ModelConfig
-    from pretrain.hf.export import check_exportable
-
-    if backend is None:
-        try:
-            check_exportable(ModelConfig(**METHODS[label].model_fields(preset.window)) if label in METHODS
-                             else ModelConfig())
-            backend = "hf"
-        except ValueError:
-            backend = "megatron"
-    scorer = load_scorer(run_dir, backend=backend, rope_scaling=rope_scaling, name=label,
+    # (load_scorer's "auto"; same losses, tested).
+    scorer = load_scorer(run_dir, backend=backend or "auto", rope_scaling=rope_scaling, name=label,
                          device="cuda" if torch.cuda.is_available() else "cpu")  # a GPU node of `--slurm`
     losses = per_position_loss(scorer, spans).double()  # [n, L-1]; index i = target position i+1
     per_span = span_cliffs(losses, preset.window, in_start=preset.in_dist_start)

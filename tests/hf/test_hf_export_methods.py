@@ -125,6 +125,13 @@ def test_eval_scores_the_llama4_export_as_the_megatron_checkpoint_it_came_from(t
                                rtol=1e-5)
 
 
+def test_the_auto_backend_scores_with_transformers_where_the_checkpoint_exports_else_with_megatron(trained):
+    from pretrain.evaluation.scorers import load_scorer
+
+    assert load_scorer(trained["nope_interleave_temperature"]).backend == "megatron"
+    assert load_scorer(trained["prope"]).backend == ("hf" if HAS_PROPORTIONAL else "megatron")
+
+
 def test_llama4_export_has_no_chunked_layer_and_a_chunk_size_4_57_accepts(trained, tmp_path):
     """transformers 4.57 builds a chunked mask (needs a size) and sizes chunked cache layers even with null
     chunking: every layer is "full_attention" and the size exceeds any length (pretrain.hf.llama4)."""
