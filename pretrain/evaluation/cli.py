@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -52,6 +53,26 @@ def _run_manifest(scorer: Scorer):
     return None
 
 
+def _record_path(out: str, scorer) -> Path:
+    """Where `eval run` writes the record of `scorer`: the run's name, plus its RoPE scaling if any."""
+    scaling = scorer.rope_scaling
+    return Path(out) / f"{scorer.info.name}{'' if scaling is None else '_' + scaling.kind}.json"
+
+
+def _check_record_is_ours(path: Path, source: str) -> None:
+    """ValueError when `path` holds the record of another model: re-evaluating a model replaces its own
+    record, never another's (runs share a name when their configs keep the default one)."""
+    if not path.is_file():
+        return
+    try:
+        previous = json.loads(path.read_text()).get("source")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        previous = None
+    if previous is not None and Path(previous).resolve() != Path(source).resolve():
+        raise ValueError(f"{path} holds the record of {previous}, another model named {path.stem!r}; pass --name "
+                         "(e.g. the run directory's name) or another --output")
+
+
 def _run(args) -> int:
     # before any weight is read: a length that cannot fit fails in seconds, not after growing past memory
     memory.check_fits(args.model, args.lengths or [], args.num_spans, args.batch_size, args.max_batch_tokens,
@@ -60,6 +81,7 @@ def _run(args) -> int:
                          rope_scaling=args.rope_scaling, factor=args.factor, name=args.name, device=args.device)
     if not (args.lengths or args.context_gain or args.passkey_lengths or args.ruler_lengths):
         raise ValueError("nothing to evaluate: pass --lengths and/or --context-gain, --passkey-lengths, --ruler-lengths")
+    _check_record_is_ours(_record_path(args.out, scorer), scorer.info.source)
     tokenizer_path = args.tokenizer
     if tokenizer_path is None and scorer.backend == "hf" and (Path(args.model) / "config.json").is_file():
         tokenizer_path = args.model  # an HF directory usually ships its tokenizer
@@ -79,8 +101,7 @@ def _run(args) -> int:
         seed=args.seed, progress=not args.no_progress)
     if batch_size is None:
         record["max_batch_tokens"] = args.max_batch_tokens
-    suffix = f"_{record['rope_scaling']}" if record["rope_scaling"] else ""
-    path = report.write_record(record, Path(args.out) / f"{record['run']}{suffix}.json")
+    path = report.write_record(record, _record_path(args.out, scorer))
     for length, entry in record["lengths"].items():
         cliff = entry.get("cliff")
         extra = f"  cliff {cliff['cliff']:+.4f} (in {cliff['in_dist']:.4f}, ood {cliff['ood']:.4f})" if cliff else ""
