@@ -38,6 +38,9 @@ def write_report(out: Path, preset_name: str, preset: Preset, summary: dict, rec
                      f"{s['cliff_se'][0]:.3f} | {paired} | "
                      f"{'—' if label == 'baseline' else _fmt(s.get('penalty'), 1, percent=True)} |"
                      + "".join(f" {_fmt(v)} |" for _, v in sorted(s["gain"].items())))
+    from pretrain.experiments.reproduce_versus import comparisons
+
+    versus = comparisons(records, order)
     plots = {"loss": plot_loss_curves(records, out / "per_position_loss.png"),
              "gain": plot_context_gain(records, out / "context_gain.png") if preset.gain_spans else None,
              "bars": _plot_bars(summary, order, out / "cliff_and_penalty.png")}
@@ -57,27 +60,31 @@ Inference-time rows apply PI / NTK-aware / YaRN (s = L/w, default settings) to t
 {chr(10).join(lines)}
 
 {_gain_note(summary, preset)}
-{_versus_text(records, order)}
+{_versus_text(versus, order)}
 
 {' '.join(f"![{name}]({path.name})" for name, path in plots.items() if path is not None)}
 
 Total time: {elapsed / 60:.1f} min.
 """
     (out / "report.md").write_text(text)
-    (out / "results.json").write_text(json.dumps({"preset": preset_name, "seeds": seeds, "summary": summary},
+    (out / "results.json").write_text(json.dumps({"preset": preset_name, "seeds": seeds, "summary": summary,
+                                                  "versus": versus},
                                                  indent=1, default=str))
     return out / "report.md"
 
 
-def _versus_text(records: list[dict], order: list[str]) -> str:
-    """PosAug against each other trained row (pretrain.experiments.reproduce_versus), or nothing without PosAug."""
-    from pretrain.experiments.reproduce_versus import posaug_lines
+def _versus_text(results: list[dict], order: list[str]) -> str:
+    """PosAug against each other trained row and each composition against its part
+    (pretrain.experiments.reproduce_versus), and why PosAug's are missing when it was not trained."""
+    from pretrain.experiments.reproduce_versus import comparison_lines
 
-    lines = posaug_lines(records, order)
-    if not lines:
-        return ""
-    return ("\nPosAug against each trained row, paired span by span per seed (Δ = PosAug − row; lower is better for "
-            "both; a win or loss beats 2 paired SE and 2 seed SE, else a tie):\n\n" + "\n".join(lines) + "\n")
+    missing = ("\nNo PosAug-against-row verdicts: posaug was not among this run's --methods (add it to compare it "
+               "with every row).\n" if "posaug" not in order else "")
+    if not results:
+        return missing
+    return (missing + "\nPosAug against each trained row, and each PosAug composition against its part (what PosAug "
+            "adds to it), paired span by span per seed (Δ = first − second; lower is better for both; a win or loss "
+            "beats 2 paired SE and 2 seed SE, else a tie):\n\n" + "\n".join(comparison_lines(results)) + "\n")
 
 
 def _gain_note(summary: dict, preset: Preset) -> str:

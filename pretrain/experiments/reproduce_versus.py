@@ -42,22 +42,32 @@ def versus(records: list[dict], reference: str, other: str, metric: str) -> dict
             "seeds": len(deltas)}
 
 
-def posaug_lines(records: list[dict], labels: list[str], reference: str = "posaug") -> list[str]:
-    """One markdown line per other trained row: where `reference` wins, loses or ties (lower is better)."""
-    if not any(r["label"] == reference for r in records):
-        return []
-    lines = []
-    for label in labels:
-        if label in (reference, "baseline") or "+" in label:
-            continue
+def pairs(labels: list[str], reference: str = "posaug") -> list[tuple[str, str]]:
+    """(reference, row) for every other trained row but the baseline (the tables compare against it), then
+    (composition, its part) for each PosAug composition whose part was trained too: what PosAug adds to it."""
+    out = [(reference, label) for label in labels
+           if reference in labels and label not in (reference, "baseline") and "+" not in label]
+    prefix = reference + "_"
+    return out + [(label, label[len(prefix):]) for label in labels
+                  if label.startswith(prefix) and label[len(prefix):] in labels]
+
+
+def comparisons(records: list[dict], labels: list[str], reference: str = "posaug") -> list[dict]:
+    """Every pair of `pairs` in each metric: {row, other, metric, delta, se, seed_se, verdict, seeds}."""
+    return [{"row": row, "other": other, "metric": metric, **result}
+            for row, other in pairs(labels, reference) for metric in METRICS
+            if (result := versus(records, row, other, metric)) is not None]
+
+
+def comparison_lines(results: list[dict]) -> list[str]:
+    """One markdown line per compared pair: where the row wins, loses or ties (lower is better)."""
+    lines, pairs_seen = [], list(dict.fromkeys((r["row"], r["other"]) for r in results))
+    for row, other in pairs_seen:
         parts = []
-        for metric, name in METRICS.items():
-            result = versus(records, reference, label, metric)
-            if result is None:
-                continue
+        for result in (r for r in results if (r["row"], r["other"]) == (row, other)):
             word = {"lower": "wins", "higher": "loses", "no significant difference": "ties"}[result["verdict"]]
-            parts.append(f"{name} {word} (Δ {result['delta']:+.3f} ± {result['se']:.3f} paired SE, seed SE "
-                         f"{result['seed_se']:.3f}, {result['seeds']} seed{'s' if result['seeds'] > 1 else ''})")
-        if parts:
-            lines.append(f"- {reference} vs **{label}**: " + "; ".join(parts) + ".")
+            parts.append(f"{METRICS[result['metric']]} {word} (Δ {result['delta']:+.3f} ± {result['se']:.3f} "
+                         f"paired SE, seed SE {result['seed_se']:.3f}, {result['seeds']} "
+                         f"seed{'s' if result['seeds'] > 1 else ''})")
+        lines.append(f"- {row} vs **{other}**: " + "; ".join(parts) + ".")
     return lines

@@ -1,6 +1,8 @@
-"""PosAug against each reproduction row: paired over spans per seed, wins / losses / ties under the evidence rule."""
+"""PosAug against each reproduction row, and each PosAug composition against its part: paired over spans per seed,
+wins / losses / ties under the evidence rule."""
 
-from pretrain.experiments.reproduce_versus import posaug_lines, versus
+from pretrain.experiments.reproduce_report import _versus_text
+from pretrain.experiments.reproduce_versus import comparison_lines, comparisons, pairs, versus
 
 BASE = [4.0, 4.2, 3.9, 4.1, 4.05, 3.95]
 
@@ -15,10 +17,8 @@ def test_a_clearly_lower_posaug_cliff_is_a_win_and_a_higher_in_dist_loss_a_loss(
                _record("prope", 1, [0.3, 0.32, 0.29, 0.31, 0.3, 0.28])]
     assert versus(records, "posaug", "prope", "cliff")["verdict"] == "lower"
     assert versus(records, "posaug", "prope", "in_dist")["verdict"] == "higher"
-    assert posaug_lines(records, ["baseline", "posaug", "prope"]) == [
-        posaug_lines(records, ["prope"])[0]]
-    assert "cliff wins" in posaug_lines(records, ["prope"])[0] and "in-dist loss loses" in posaug_lines(
-        records, ["prope"])[0]
+    (line,) = comparison_lines(comparisons(records, ["baseline", "posaug", "prope"]))
+    assert line.startswith("- posaug vs **prope**:") and "cliff wins" in line and "in-dist loss loses" in line
 
 
 def test_a_gap_inside_the_seed_spread_is_a_tie():
@@ -28,3 +28,19 @@ def test_a_gap_inside_the_seed_spread_is_a_tie():
         r["per_span"]["ood"][0] += 1e-4  # finite paired SE
     result = versus(records, "posaug", "ssmax", "cliff")
     assert abs(result["delta"]) > 2 * result["se"] and result["verdict"] == "no significant difference"
+
+
+def test_each_posaug_composition_is_compared_with_its_part_and_posaug_with_every_row_but_the_baseline():
+    labels = ["baseline", "posaug", "prope", "irope", "posaug_prope", "posaug_irope", "baseline+yarn"]
+    assert pairs(labels) == [("posaug", "prope"), ("posaug", "irope"), ("posaug", "posaug_prope"),
+                             ("posaug", "posaug_irope"), ("posaug_prope", "prope"), ("posaug_irope", "irope")]
+
+
+def test_a_composition_is_compared_with_its_part_even_without_plain_posaug():
+    assert pairs(["baseline", "prope", "posaug_prope"]) == [("posaug_prope", "prope")]
+
+
+def test_a_report_without_posaug_says_why_it_has_no_posaug_verdicts():
+    records = [_record("prope", 1, [0.3] * 6), _record("posaug_prope", 1, [0.1] * 6)]
+    text = _versus_text(comparisons(records, ["prope", "posaug_prope"]), ["prope", "posaug_prope"])
+    assert "posaug was not among this run's --methods" in text and "- posaug_prope vs **prope**" in text
