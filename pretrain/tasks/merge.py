@@ -104,7 +104,7 @@ def merge_reports(out: Path, paths: list[Path]) -> Path:
     name = parts[0]["preset"]
     preset = PRESETS[name]
     preset = dataclasses.replace(preset, tasks={t: r for t, r in preset.tasks.items() if t in seen},
-                                 methods=tuple(m for m in parts[0]["methods"]))
+                                 methods=tuple(parts[0]["methods"]))
     records = [r for part in parts for r in part["records"]]
     sources = [f"{path} ({', '.join(results['train_lengths'])})" for path, results in zip(paths, parts)]
     out.mkdir(parents=True, exist_ok=True)
