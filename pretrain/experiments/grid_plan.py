@@ -178,7 +178,8 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
             if slurm is not None and spec.on_gpu:  # requeued jobs a run needs within the launcher's --time
                 jobs = str(math.ceil(plan.wall_seconds / max(parse_slurm_time(slurm.time) - slurm.usr1_lead_s, 1)))
             rows.append(f"{name:<{width}}{plan.layout.world:>6}{gib(plan.worst.peak):>13}"
-                        f"{'yes' if plan.fits else 'NO':>6}{plan.iterations:>9,}{duration(plan.wall_seconds):>13}{plan.gpu_hours:>11,.1f}{n:>7}"
+                        f"{'yes' if plan.fits else 'NO':>6}{plan.iterations:>9,}{duration(plan.wall_seconds):>13}"
+                        f"{plan.gpu_hours:>11,.1f}{n:>7}"
                         f"{plan.gpu_hours * n:>10,.1f}{jobs:>10}")
     rows.append(f"{'total':<{width}}{'':>65}{len(spec.runs()):>7}{total:>10,.1f}")
     if not spec.cpu:  # both budgets side by side, whichever this grid trains

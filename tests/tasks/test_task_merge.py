@@ -1,4 +1,5 @@
-"""`reproduce --suite tasks --merge`: one report of suites run in parts (pretrain.tasks.merge); the report's per-method deviations."""
+"""`reproduce --suite tasks --merge`: one report of suites run in parts (pretrain.tasks.merge); the report's
+per-method deviations."""
 
 import dataclasses
 import json
