@@ -56,12 +56,12 @@ VARIANTS: dict[str, dict[str, str]] = {
 ALL_TOGETHER = "all together"  # every available switch of the rows above at once
 CUDA_ONLY = {"model.rope_kernel"}  # Triton's kernels run on a CPU only under its interpreter (tested elsewhere)
 
+# what the H200 leases ran (benchmarks/README.md "On a GPU"): local layers + SDPA, bf16, the distributed optimizer
+_GPU = ["model.transformer_impl=local", "model.bf16=true", "parallel.use_distributed_optimizer=true",
+        "schedule.global_batch_size=128"]
 PRESETS: dict[str, tuple[str | None, list[str]]] = {
-    "10m": ("10m_baseline", ["model.transformer_impl=local", "model.bf16=true", "parallel.use_distributed_optimizer=true",
-                             "schedule.global_batch_size=128", "schedule.micro_batch_size=16"]),
-    "113m": ("113m_baseline", ["model.transformer_impl=local", "model.bf16=true",
-                               "parallel.use_distributed_optimizer=true", "schedule.global_batch_size=128",
-                               "schedule.micro_batch_size=8"]),
+    "10m": ("10m_baseline", [*_GPU, "schedule.micro_batch_size=16"]),
+    "113m": ("113m_baseline", [*_GPU, "schedule.micro_batch_size=8"]),
     "cpu-tiny": (None, ["preset=tiny", "model.seq_length=64", "model.vocab_size=512", "schedule.global_batch_size=4",
                         "schedule.micro_batch_size=2"]),
 }
@@ -265,7 +265,8 @@ def run(args: argparse.Namespace) -> dict:
 
     unknown = [n for n in args.variants if n not in VARIANTS and n != ALL_TOGETHER]
     if unknown:
-        raise ValueError(f"--variants {' '.join(unknown)}: unknown; choose among {', '.join([*VARIANTS, ALL_TOGETHER])}")
+        names = ", ".join([*VARIANTS, ALL_TOGETHER])
+        raise ValueError(f"--variants {' '.join(unknown)}: unknown; choose among {names}")
     if args.rounds < 1 or args.steps_per_round < 1:
         raise ValueError("--rounds and --steps-per-round must be >= 1")
     output = args.output or REPO / "benchmarks" / "results" / f"bench_gpu_step_{args.preset}"

@@ -247,8 +247,8 @@ class ModelConfig:
 # matrix although a causal mask leaves half of it, so Megatron's published MFU and ours are on the same count.
 # Counting causal attention once (what a causal flash kernel computes) gives a lower MFU; the benchmarks show it
 # beside, named as such (flops_per_token(causal_attention_once=True)).
-FLOP_CONVENTION = ("PaLM's count: 6N + 12·L·heads·d·s per token (N incl. the output layer; causal attention counted "
-                   "in full, as Megatron's published MFU is)")
+FLOP_CONVENTION = ("PaLM's count: 6N + 12·L·heads·d·s per token (N incl. the output layer; causal attention "
+                   "counted in full, as Megatron's published MFU is)")
 
 
 def model_flops_utilization(flops_per_token: float, tokens_per_s: float, peak_tflops: float,

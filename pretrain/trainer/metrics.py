@@ -2,8 +2,9 @@
 and `status.json`, the run's state for `python -m pretrain runs`.
 
 MFU counts FLOPs as plan does (megatron_ext.model_config.FLOP_CONVENTION, PaLM's) against the device's peak
-FLOP/s (peak.py: config, known GPU, or a cached measurement); the console says where the peak came from. An MFU above 100 % is impossible: `Metrics.mfu` warns once
-and returns None from then on, so no console line and no scalar writer ever gets it.
+FLOP/s (peak.py: config, known GPU, or a cached measurement); the console says where the peak came from. An MFU
+above 100 % is impossible: `Metrics.mfu` warns once and returns None from then on, so no console line and no
+scalar writer ever gets it.
 """
 
 from __future__ import annotations
