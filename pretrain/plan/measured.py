@@ -8,9 +8,10 @@ Only one process alone on the GPU counts: six runs side by side share the GPU (e
 run alone), and the rate of a window that includes start-up is not a step's. The measured model's vocabulary may
 differ from the planned config's (gpu-10m trains on the embedded corpus's 4,096 tokens; the shipped 10m config has
 50,257, padded to 50,304): the MFU, the fraction of the peak a step uses, is carried over unchanged. A larger
-vocabulary adds FLOPs in one large matmul and the cross-entropy, work a host-bound step (the measured one left the
-GPU idle at least 43 % of the time) partly hides, so the carried-over MFU likely overstates the time; for a job's
---time that errs on the side of finishing early. The benchmark `benchmarks/bench_gpu_step.py --preset 10m`
+vocabulary adds FLOPs in one large matmul and the cross-entropy, work that a host-bound step partly hides (the
+measured process ran at 893.6K tokens/s where six side by side reached 1.56M+ together:
+benchmarks/results/gpu_h200_side_by_side_rates.txt), so the carried-over MFU likely overstates the time; for a
+job's --time that errs on the side of finishing early. Not measured yet. The benchmark `benchmarks/bench_gpu_step.py --preset 10m`
 measures the 50,304 vocabulary where a GPU is available.
 """
 

@@ -121,8 +121,8 @@ class Metrics:
         self.iteration = start
         if self.rank == 0:
             write_status(self.run_dir, "running", start, total_iters)
-            print(f"MFU against a peak of {self.peak.tflops:.3g} TFLOP/s per device ({self.peak.describe()}), FLOPs by "
-                  f"{FLOP_CONVENTION}", flush=True)
+            print(f"MFU against a peak of {self.peak.tflops:.3g} TFLOP/s per device ({self.peak.describe()})", flush=True)
+            print(f"MFU counts {self.flops_per_token:.4g} FLOPs per token by {FLOP_CONVENTION}", flush=True)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Write scalars to TensorBoard (last rank) and W&B (rank 0, when configured)."""
