@@ -168,9 +168,9 @@ class Variant:
         s, schedule, seq = self.steps_done, self.config.schedule, self.config.model.seq_length
         batches = self.prefetch.step(s) if self.prefetch else step_batches(
             self.source, s, schedule.global_batch_size, 0, 1, schedule.micro_batch_size)
+        self.steps_done += 1  # taken from the prefetcher: a step that then fails is not asked for again
         self.last = self.engine.train_step(batches, self.sampler, s, self.micro_batches, schedule.micro_batch_size,
                                            seq)
-        self.steps_done += 1
 
     def loss(self) -> float:
         """The last step's loss (a device read: called outside timed blocks)."""
@@ -279,35 +279,55 @@ def run(args: argparse.Namespace) -> dict:
     base.validate(1)
     runnable, skipped = plan_variants(base, args.variants, cuda)
     distributed.initialize(base.parallel, base.seed)
+    failed: dict[str, str] = {}
+    variants: dict[str, Variant] = {}
     try:
-        variants = {name: Variant(name, load(path, [*overrides, *extra]), total) for name, extra in runnable.items()}
-        try:
-            return _measure(args, base, variants, runnable, skipped, output, cuda, device_type,
-                            FLOP_CONVENTION, model_flops_utilization, device_peak)
-        finally:
-            for variant in variants.values():
-                variant.close()
+        for name, extra in runnable.items():
+            built = _attempt(failed, name, "build", lambda: Variant(name, load(path, [*overrides, *extra]), total))
+            if built is not None:
+                variants[name] = built
+        result = _measure(args, base, variants, runnable, failed, output, cuda, device_type,
+                          FLOP_CONVENTION, model_flops_utilization, device_peak)
+        return {**result, "skipped": skipped, "failed": failed}
     finally:
+        for variant in variants.values():
+            variant.close()
         distributed.destroy()
 
 
-def _measure(args, base, variants, runnable, skipped, output, cuda, device_type, convention, mfu_of, device_peak):
+def _attempt(failed: dict[str, str], name: str, stage: str, call):
+    """call(), or None with the variant's failure recorded in one line (the other variants still run)."""
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - any failure of one variant is reported, not fatal to the others
+        failed[name] = f"{stage}: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+        print(f"bench_gpu_step: variant {name!r} failed at {stage}: {failed[name]}", file=sys.stderr, flush=True)
+        return None
+
+
+def _measure(args, base, variants, runnable, failed, output, cuda, device_type, convention, mfu_of, device_peak):
     model, schedule = base.model, base.schedule
     peak = device_peak(args.peak_tflops, model, schedule.micro_batch_size)
-    for variant in variants.values():
-        for _ in range(WARMUP_STEPS):
-            variant.step()
+    for name, variant in variants.items():
+        _attempt(failed, name, "warm-up", lambda: [variant.step() for _ in range(WARMUP_STEPS)])
     seconds = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, variant in variants.items():
-            seconds[name].append(timed_block(variant, args.steps_per_round) / args.steps_per_round)
+            if name not in failed:
+                took = _attempt(failed, name, "timed steps", lambda: timed_block(variant, args.steps_per_round))
+                seconds[name].append(None if took is None else took / args.steps_per_round)
     rows = {}
     for name, variant in variants.items():
+        if name in failed:
+            continue
         step_s = statistics.median(seconds[name])
         tokens_per_s = variant.tokens_per_step / step_s
         syncs, sync_how = count_syncs(variant, device_type)
         trace = output / f"trace_{args.preset}_{name.replace(' ', '_')}.json.gz"
-        launches, launch_how = profile(variant, trace, cuda)
+        profiled = _attempt(failed, name, "profile", lambda: profile(variant, trace, cuda))
+        if profiled is None:
+            continue
+        launches, launch_how = profiled
         rows[name] = {"overrides": runnable[name], "step_s": step_s, "step_s_per_round": seconds[name],
                       "tokens_per_s": tokens_per_s,
                       "mfu": mfu_of(model.flops_per_token(), tokens_per_s, peak.tflops),
@@ -327,7 +347,7 @@ def _measure(args, base, variants, runnable, skipped, output, cuda, device_type,
             "use_distributed_optimizer": base.parallel.use_distributed_optimizer,
             "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup_steps": WARMUP_STEPS,
             "trace_steps": TRACE_STEPS, "peak_tflops": peak.tflops, "peak_source": peak.describe(),
-            "flop_convention": convention, "variants": rows, "skipped": skipped,
+            "flop_convention": convention, "variants": rows,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
@@ -344,7 +364,7 @@ def table(result: dict) -> str:
     """The side-by-side table, with what each column counts."""
     rows = result["variants"]
     base = rows.get("today")
-    width = max([len(n) for n in [*rows, *result["skipped"]]] + [8]) + 2
+    width = max([len(n) for n in [*rows, *result["skipped"], *result["failed"]]] + [8]) + 2
     lines = [f"bench_gpu_step {result['preset']} on {result['device']} ({result['date']}; torch {result['torch']}, "
              f"megatron-core {result['megatron_core']}): padded vocabulary {result['model']['padded_vocab_size']:,}, "
              f"w = {result['model']['seq_length']}, global batch {result['global_batch_size']} x micro-batch "
@@ -359,7 +379,7 @@ def table(result: dict) -> str:
         lines.append(f"{name:<{width}}{row['tokens_per_s']:>12,.0f}{ratio:>10}{row['step_s']:>9.3f}"
                      f"{100 * row['mfu']:>7.2f}%{100 * row['mfu_causal_once']:>11.2f}%{syncs:>12}"
                      f"{row['launches_per_step']:>15,.0f}")
-    for name, why in result["skipped"].items():
+    for name, why in {**result["skipped"], **{n: f"FAILED at {w}" for n, w in result["failed"].items()}}.items():
         lines.append(f"{name:<{width}}{why}")
     first = next(iter(rows.values()), None)
     if first:
@@ -373,7 +393,7 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run, print the table, write bench.json and table.txt; 2 with one line on bad input."""
+    """Run, print the table, write bench.json and table.txt; 1 when a variant failed, 2 (one line) on bad input."""
     args = parser().parse_args(argv)
     try:
         result = run(args)
@@ -386,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     (output / "table.txt").write_text(text + "\n")
     (output / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":
