@@ -1,7 +1,8 @@
 """Issue 40's GPU item in one short lease: the 10m model at w = 2048 with each method, evaluated at 16K.
 
-`reproduce --preset gpu-10m` trains its runs one after another for the paper's 500M tokens each (~4 min per run
-at 47 % MFU by `plan`). A lease is shorter than that, so this script fits the comparison into a deadline:
+`reproduce --preset gpu-10m` trains its runs one after another for the paper's 500M tokens each (~9.3 min per run
+on an H200 without Transformer Engine: benchmarks/results/plan_10m_h200.txt). A lease is shorter than that, so this
+script fits the comparison into a deadline:
 
 1. calibrate: a few steps of the baseline alone give tokens/s (bf16, local layers, distributed optimizer;
    without the distributed optimizer if that fails, and the log says so);

@@ -234,8 +234,24 @@ class ModelConfig:
         copies = 2 if self.untie_embeddings_and_output_weights else 1
         return self.non_embedding_parameters() + copies * embedding
 
-    def flops_per_token(self) -> float:
-        """Training FLOPs per token (6N + attention), for the MFU estimate."""
+    def flops_per_token(self, causal_attention_once: bool = False) -> float:
+        """Training FLOPs per token by FLOP_CONVENTION (the one count of plan, the trainer's MFU and the benchmarks)."""
         n = self.non_embedding_parameters() + self.padded_vocab_size() * self.hidden_size
         attention = 12 * self.num_layers * self.num_attention_heads * self.kv_channels * self.seq_length
-        return 6 * n + attention
+        return 6 * n + (attention / 2 if causal_attention_once else attention)
+
+
+# The project's one FLOP count: plan's step time, the trainer's MFU, selfcheck and the benchmarks all call
+# ModelConfig.flops_per_token and model_flops_utilization. PaLM's count (Chowdhery et al. 2022, appendix B) is
+# Megatron-LM's too (Narayanan et al. 2021, appendix): attention's two matmuls counted over the whole s x s score
+# matrix although a causal mask leaves half of it, so Megatron's published MFU and ours are on the same count.
+# Counting causal attention once (what a causal flash kernel computes) gives a lower MFU; the benchmarks show it
+# beside, named as such (flops_per_token(causal_attention_once=True)).
+FLOP_CONVENTION = ("PaLM's count: 6N + 12·L·heads·d·s per token (N incl. the output layer; causal attention "
+                   "counted in full, as Megatron's published MFU is)")
+
+
+def model_flops_utilization(flops_per_token: float, tokens_per_s: float, peak_tflops: float,
+                            devices: int = 1) -> float:
+    """The fraction of `devices` x `peak_tflops` that `tokens_per_s` at `flops_per_token` uses."""
+    return tokens_per_s * flops_per_token / (peak_tflops * 1e12 * devices)

@@ -139,10 +139,11 @@ def check_tiny_training() -> str:
 
 def _mfu_text(model, micro_batch_size: int, tokens_per_s: float) -> str:
     """MFU against the device's peak and where the peak came from; an impossible MFU is not printed."""
+    from megatron_ext.model_config import model_flops_utilization
     from pretrain.trainer.peak import device_peak, plausible_mfu
 
     peak = device_peak(None, model, micro_batch_size)
-    mfu = tokens_per_s * model.flops_per_token() / (peak.tflops * 1e12)
+    mfu = model_flops_utilization(model.flops_per_token(), tokens_per_s, peak.tflops)
     shown = f"MFU {100 * mfu:.3g}%" if plausible_mfu(mfu) else f"MFU not shown ({100 * mfu:.3g}% is impossible)"
     return f"{shown} (peak {peak.tflops:.4g} TFLOP/s, {peak.describe()})"
 

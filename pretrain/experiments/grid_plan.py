@@ -185,7 +185,7 @@ def plan_grid(spec: Spec) -> tuple[str, list[str]]:
     if not spec.cpu:  # both budgets side by side, whichever this grid trains
         rows.append(f"GPU-hours of this grid: {', '.join(f'{b} {h:,.1f}' for b, h in by_budget.items())} "
                     f"(--budget {spec.budget or 'table1'} is what it submits; chinchilla = 20 tokens per parameter)")
-    mfu = f"MFU {spec.mfu:.0%}" if spec.mfu else "the GPU's published Megatron MFU"
+    mfu = f"MFU {spec.mfu:.0%}" if spec.mfu else "measured MFU where stored, else the GPU's published one"
     where = ("the launchers' nodes" if spec.on_gpu
              else "CPU nodes (the plan is what the same runs would take on the GPU)")
     text = "\n".join([f"plan: grid `{spec.preset}` on {gpu_label}, {mfu}, runs on {where}", *rows,

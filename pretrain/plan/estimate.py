@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from pretrain.plan import activations
 from pretrain.plan.hardware import CONTEXT_ALLOWANCE_BYTES, FRAGMENTATION, GPUS, Gpu
+from pretrain.plan.measured import measured_mfu
 from pretrain.plan.params import stage_params, state_bytes, total_parameters
 
 
@@ -108,6 +109,18 @@ def _act_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def _mfu(config, gpu_name: str, gpu: Gpu, precision: str, given: float | None) -> tuple[float, str]:
+    """The MFU to plan with and where it comes from: --mfu, else a stored measurement, else the published figure."""
+    if given is not None:
+        return given, "--mfu"
+    from pretrain.naming import size_name
+
+    measured = measured_mfu(gpu_name, size_name(config.model), precision)
+    if measured is not None:
+        return measured.mfu, measured.source(config.model.padded_vocab_size())
+    return gpu.mfu, f"published: {gpu.mfu_source}; never measured for this size"
+
+
 def build_plan(config, layout: Layout, gpu_name: str, mfu: float | None = None,
                allowance: int = CONTEXT_ALLOWANCE_BYTES) -> Plan:
     """The plan of `config` (a TrainConfig) on `layout` with GPUs `gpu_name`."""
@@ -164,8 +177,7 @@ def build_plan(config, layout: Layout, gpu_name: str, mfu: float | None = None,
         peak = gpu.bf16_tflops if layout.precision == "bf16" else gpu.bf16_tflops / 2
         if layout.precision == "fp32":
             notes.append("fp32: TF32 tensor-core peak (half the BF16 peak) assumed")
-    used_mfu = gpu.mfu if mfu is None else mfu
-    source = gpu.mfu_source if mfu is None else "--mfu"
+    used_mfu, source = _mfu(config, gpu_name, gpu, layout.precision, mfu)
     step = per_step * flops / (layout.world * peak * 1e12 * used_mfu)
     wall = iterations * step
     return Plan(name=config.name, gpu=gpu_name, gpu_label=gpu.label, gpu_memory=gpu.memory_bytes, layout=layout,

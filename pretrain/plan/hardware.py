@@ -15,7 +15,8 @@ Default MFU, published for Megatron-Core / Megatron-LM:
   4 passes instead of 3), i.e. 44 % × 3/4 = 33 % MFU.
 - L40S: no published Megatron figure; the A100 value is used.
 These figures come from billion-parameter models; the 10M–113M models of table.py use far less of a
-GPU (small matmuls, launch overhead), so measure a few steps and pass --mfu for them.
+GPU (small matmuls, launch overhead). Where a size was measured on a GPU, pretrain/plan/measured.py's figure
+replaces the published one; for the others, measure a few steps and pass --mfu.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from megatron_ext.model_config import FLOP_CONVENTION
 from pretrain.plan.estimate import Plan
 from pretrain.plan.hardware import GIB
 
@@ -72,9 +73,9 @@ def render(plan: Plan) -> str:
     flights = ", ".join(f"stage {s.stage}: {s.in_flight:g}" for s in plan.stages)
     rows.append(f"  activations: {flights} micro-batch(es) in flight (1F1B)")
     rows += ["compute",
-             f"  FLOPs per token  {plan.flops_per_token:.4g}  (6N + 12·L·heads·d·s, N incl. the output layer)",
+             f"  FLOPs per token  {plan.flops_per_token:.4g}, {FLOP_CONVENTION}",
              f"  tokens           {plan.tokens:,} ({plan.iterations:,} steps x {plan.tokens_per_step:,} tokens)",
-             f"  assumed MFU      {plan.mfu:.0%} of {plan.peak_tflops:g} TFLOP/s ({plan.mfu_source})",
+             f"  assumed MFU      {100 * plan.mfu:.3g}% of {plan.peak_tflops:g} TFLOP/s ({plan.mfu_source})",
              f"  step time        {plan.step_seconds:.3f} s, {plan.tokens_per_second:,.0f} tokens/s",
              f"  wall clock       {duration(plan.wall_seconds)} ({plan.wall_seconds / 3600:.2f} h)",
              f"  GPU-hours        {plan.gpu_hours:,.1f}"]

@@ -34,7 +34,8 @@ def sweep(args: argparse.Namespace) -> str:
                         f"{gib(plan.worst.peak):>13}{'yes' if plan.fits else 'NO':>6}{plan.iterations:>8,}"
                         f"{duration(plan.wall_seconds):>13}{plan.gpu_hours:>10,.1f}{at_chinchilla:>18,.1f}")
     rows.append(f"{'total':<{width}}{'':>66}{total:>10,.1f}{chinchilla:>18,.1f}")
-    mfu = f"MFU {args.mfu:.0%} (--mfu)" if args.mfu else "each GPU's published Megatron MFU (see pretrain/plan/hardware.py)"
+    mfu = (f"MFU {args.mfu:.0%} (--mfu)" if args.mfu else "each size's measured MFU where one is stored "
+           "(pretrain/plan/measured.py), else the GPU's published Megatron MFU (pretrain/plan/hardware.py)")
     return "\n".join([f"sweep: Table 1 sizes x shipped methods on {gpu_label}, {mfu}", *rows,
                       "GPU-h: the config's budget (the paper's Table 1); GPU-h chinchilla: 20 tokens per parameter "
                       "(plan --budget chinchilla, BUDGET=chinchilla for the launchers)",

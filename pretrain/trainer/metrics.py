@@ -1,9 +1,10 @@
 """The training run's outputs besides checkpoints: the console line, scalars (TensorBoard, W&B: tracking.py), MFU,
 and `status.json`, the run's state for `python -m pretrain runs`.
 
-MFU needs the device's peak FLOP/s (peak.py: config, known GPU, or a cached measurement); the
-console says where it came from. An MFU above 100 % is impossible: `Metrics.mfu` warns once
-and returns None from then on, so no console line and no scalar writer ever gets it.
+MFU counts FLOPs as plan does (megatron_ext.model_config.FLOP_CONVENTION, PaLM's) against the device's peak
+FLOP/s (peak.py: config, known GPU, or a cached measurement); the console says where the peak came from. An MFU
+above 100 % is impossible: `Metrics.mfu` warns once and returns None from then on, so no console line and no
+scalar writer ever gets it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_ext.model_config import FLOP_CONVENTION, model_flops_utilization
 from pretrain.faults import OutputError
 from pretrain.console import Progress, format_duration
 from pretrain.trainer.peak import Peak, device_peak, forget, plausible_mfu
@@ -120,6 +122,7 @@ class Metrics:
         if self.rank == 0:
             write_status(self.run_dir, "running", start, total_iters)
             print(f"MFU against a peak of {self.peak.tflops:.3g} TFLOP/s per device ({self.peak.describe()})", flush=True)
+            print(f"MFU counts {self.flops_per_token:.4g} FLOPs per token by {FLOP_CONVENTION}", flush=True)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Write scalars to TensorBoard (last rank) and W&B (rank 0, when configured)."""
@@ -151,7 +154,7 @@ class Metrics:
         """
         if self.mfu_dropped:
             return None
-        value = tokens_per_s * self.flops_per_token / (self.peak.tflops * 1e12 * self.world)
+        value = model_flops_utilization(self.flops_per_token, tokens_per_s, self.peak.tflops, self.world)
         if self.world > 1:
             device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
             agreed = torch.tensor([value], dtype=torch.float64, device=device)
