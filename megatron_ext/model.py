@@ -127,6 +127,9 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     parallel.check_model(model)
     check_runtime(model)
     config = transformer_config(model, parallel, per_sample_positions=per_sample_positions)
+    from megatron_ext.rope_attention import chosen_rope_kernel, rope_paths_line, with_fused_rope
+
+    rope_kernel = chosen_rope_kernel(model.rope_kernel, rope=model.position_embedding_type == "rope")
     spec_kwargs = {} if model.transformer_impl == "transformer_engine" else {"normalization": "RMSNorm"}
     if model.position_embedding_type == "alibi":  # context parallelism refused by parallel.check_model
         from megatron_ext.alibi_attention import alibi_layer_spec
@@ -138,6 +141,8 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
             from megatron_ext.sdpa_attention import with_core_attention
 
             spec = with_core_attention(spec, model.core_attention)
+        if rope_kernel == "triton":
+            spec = with_fused_rope(spec)
     gpt = FloatPositionGPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -154,6 +159,9 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     from megatron_ext.versions import log_missing_reaches
 
     log_missing_reaches(gpt)
+    if model.position_embedding_type == "rope":
+        log.info(rope_paths_line(config, rope_kernel, te=model.transformer_impl == "transformer_engine",
+                                 per_sample_positions=per_sample_positions))
     if model.use_rope_scaling or model.rope_proportion < 1.0:
         # Megatron's own rope_scaling fixes the original window at 8192 (HF's llama3 takes it from the
         # config); p-RoPE zeroes frequencies Megatron has no option for.

@@ -18,6 +18,7 @@ RECOMPUTE_METHODS = (None, "uniform", "block")
 # attention bias -m_h·|p_i - p_j| from the same positions (megatron_ext.alibi).
 POSITION_EMBEDDING_TYPES = ("rope", "none", "alibi")
 CORE_ATTENTIONS = ("sdpa", "megatron")  # model.core_attention (megatron_ext.sdpa_attention)
+ROPE_KERNELS = ("auto", "triton", "unfused")  # model.rope_kernel (megatron_ext.rope_attention)
 
 
 @dataclass
@@ -56,6 +57,11 @@ class ModelConfig:
     # megatron = Megatron's DotProductAttention (baddbmm + masked softmax + bmm). Same math and
     # weights; sdpa falls back to megatron's path for calls it does not cover (megatron_ext.sdpa_attention).
     core_attention: str = "sdpa"
+    # How q and k are rotated (not a Megatron field; Megatron's apply_rope_fusion is TE's kernel, set from
+    # transformer_impl): triton = one fused Triton launch for q and k, any float positions (megatron_ext.kernels.rope);
+    # unfused = Megatron's apply_rotary_pos_emb; auto = triton on CUDA, unfused on CPU (triton on CPU runs only
+    # under TRITON_INTERPRET=1).
+    rope_kernel: str = "auto"
     # Biases on the q/k/v projections only (Qwen2), as Megatron's TransformerConfig.add_qkv_bias.
     add_qkv_bias: bool = False
     # Llama 3.x RoPE scaling of the model's own frequencies (Megatron's --use-rope-scaling and
@@ -102,6 +108,8 @@ class ModelConfig:
             raise ValueError(f"model.kv_channels must be even for RoPE (got {self.kv_channels})")
         if self.core_attention not in CORE_ATTENTIONS:
             raise ValueError(f"model.core_attention must be one of {CORE_ATTENTIONS} (got {self.core_attention!r})")
+        if self.rope_kernel not in ROPE_KERNELS:
+            raise ValueError(f"model.rope_kernel must be one of {ROPE_KERNELS} (got {self.rope_kernel!r})")
         if self.rotary_base <= 1:
             raise ValueError(f"model.rotary_base must be > 1 (got {self.rotary_base})")
         if self.transformer_impl not in TRANSFORMER_IMPLS:

@@ -177,6 +177,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, freqs: torch.Tensor, interleaved: 
         HALF=rot // 2, PASS=pass_, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
         BLOCK_HALF=triton.next_power_of_2(rot // 2), BLOCK_PASS=triton.next_power_of_2(max(pass_, 1)),
         INTERLEAVED=bool(interleaved), BACKWARD=backward,
+        enable_fp_fusion=True,  # FMAs, as Triton 3.9 defaults to; said explicitly, so it does not warn per process
     )
     return qo, ko
 
