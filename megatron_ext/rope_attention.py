@@ -42,17 +42,17 @@ ROPE_KERNELS = ("auto", "triton", "unfused")
 
 
 def chosen_rope_kernel(setting: str, *, transformer_impl: str = "local", rope: bool = True) -> str:
-    """'triton' or 'unfused' for model.rope_kernel; RuntimeError (one line, the fix) where triton cannot run."""
+    """'triton' or 'unfused' for model.rope_kernel; ValueError (one line, the fix) where triton cannot run."""
     if not rope or setting == "unfused":
         return "unfused"
     on_gpu = torch.cuda.is_available()
     if setting == "auto":
         return "triton" if on_gpu and rope_kernel.available() else "unfused"
     if not rope_kernel.available():
-        raise RuntimeError("model.rope_kernel=triton needs the triton package (pip install triton, or the CUDA "
+        raise ValueError("model.rope_kernel=triton needs the triton package (pip install triton, or the CUDA "
                            "build of torch); use model.rope_kernel=auto or unfused")
     if not on_gpu and not rope_kernel.interpreting():
-        raise RuntimeError("model.rope_kernel=triton needs a CUDA GPU (on CPU only under TRITON_INTERPRET=1, "
+        raise ValueError("model.rope_kernel=triton needs a CUDA GPU (on CPU only under TRITON_INTERPRET=1, "
                            "Triton's slow interpreter, for tests); use model.rope_kernel=auto or unfused")
     return "triton"
 

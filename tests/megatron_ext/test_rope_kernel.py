@@ -189,10 +189,19 @@ def test_the_start_up_log_names_the_kernel_and_the_layers_without_rope(megatron_
 
 def test_rope_kernel_triton_on_cpu_without_the_interpreter_is_refused_in_one_line(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="model.rope_kernel=triton needs a CUDA GPU.*use model.rope_kernel=auto"):
+    with pytest.raises(ValueError, match="model.rope_kernel=triton needs a CUDA GPU.*use model.rope_kernel=auto"):
         build_model(model_preset("tiny", rope_kernel="triton"))
 
 
 def test_an_unknown_rope_kernel_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="model.rope_kernel must be one of"):
         ModelConfig(rope_kernel="flash")
+
+
+def test_train_refuses_rope_kernel_triton_without_a_gpu_in_one_line_with_exit_2(monkeypatch, capsys):
+    from pretrain.trainer.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert main(["--check", "--set", "preset=tiny", "data.synthetic=true", "model.rope_kernel=triton"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.rope_kernel=triton needs a CUDA GPU" in err
