@@ -162,9 +162,10 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     from megatron_ext.versions import log_missing_reaches
 
     log_missing_reaches(gpt)
-    if model.position_embedding_type == "rope":
-        log.info(rope_paths_line(config, rope_kernel, te=model.transformer_impl == "transformer_engine",
-                                 per_sample_positions=per_sample_positions))
+    if model.position_embedding_type == "rope":  # the trainer prints it at start-up
+        gpt.rope_paths = rope_paths_line(config, rope_kernel, te=model.transformer_impl == "transformer_engine",
+                                         per_sample_positions=per_sample_positions)
+        log.info(gpt.rope_paths)
     if model.cross_entropy_loss_fusion and model.cross_entropy_fusion_impl == "chunked":
         from megatron_ext.chunked_loss import install_chunked_loss
 
