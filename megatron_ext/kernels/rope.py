@@ -148,6 +148,8 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, freqs: torch.Tensor) -> str | 
     rot = freqs.shape[-1]
     if rot % 2 or rot > d or rot == 0:
         return f"rotary dim {rot} must be even, positive and <= head dim {d}"
+    if q.dtype != k.dtype:
+        return f"q ({q.dtype}) and k ({k.dtype}) differ in dtype"
     if freqs.requires_grad:
         return "freqs requires grad (the kernel gives angles no gradient)"
     if not (q.device == k.device == freqs.device):
