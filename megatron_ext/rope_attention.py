@@ -121,7 +121,13 @@ class FusedRopeSelfAttention(SelfAttention):
                                    rotary_pos_emb, *args, **kwargs)
         self._angles = rotary_pos_emb
         try:
-            return super().forward(hidden_states, attention_mask, key_value_states, inference_context, None, **kwargs)
+            output = super().forward(hidden_states, attention_mask, key_value_states, inference_context, None,
+                                     **kwargs)
+            if self._angles is not None:  # fail closed: q and k went through unrotated
+                raise RuntimeError("SelfAttention.forward of this megatron-core did not call "
+                                   "get_query_key_value_tensors, so the fused RoPE kernel rotated nothing: "
+                                   "use model.rope_kernel=unfused")
+            return output
         finally:
             self._angles = None
 

@@ -205,3 +205,14 @@ def test_train_refuses_rope_kernel_triton_without_a_gpu_in_one_line_with_exit_2(
     assert main(["--check", "--set", "preset=tiny", "data.synthetic=true", "model.rope_kernel=triton"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model.rope_kernel=triton needs a CUDA GPU" in err
+
+
+def test_a_forward_that_never_asks_for_q_and_k_fails_instead_of_skipping_rope(megatron_world, interpreter,
+                                                                            monkeypatch):
+    # what a megatron-core whose forward stopped calling get_query_key_value_tensors would do
+    model = build_model(model_preset("tiny", rope_kernel="triton"))
+    attention = model.decoder.layers[0].self_attention
+    monkeypatch.setattr(attention, "get_query_key_value_tensors",
+                        lambda *a, **k: SelfAttention.get_query_key_value_tensors(attention, *a, **k))
+    with pytest.raises(RuntimeError, match="rotated nothing: use model.rope_kernel=unfused"):
+        model(TOKENS, torch.arange(12.0), None)
