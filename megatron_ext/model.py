@@ -82,6 +82,9 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
         fp8=model.fp8,
         fp8_recipe=model.fp8_recipe,
         apply_rope_fusion=rope_fusion,
+        # chunked is ours (megatron_ext.chunked_loss): Megatron's own loss path stays unfused under it
+        cross_entropy_loss_fusion=model.cross_entropy_loss_fusion and model.cross_entropy_fusion_impl != "chunked",
+        cross_entropy_fusion_impl="te" if model.cross_entropy_fusion_impl == "te" else "native",
         # Megatron's list form (1 = no RoPE): its integer form also demands that N divide num_layers.
         no_rope_freq=(None if model.no_rope_freq is None
                       else [int(n) for n in nope_layers(model.num_layers, model.no_rope_freq)]),
@@ -127,6 +130,9 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     parallel.check_model(model)
     check_runtime(model)
     config = transformer_config(model, parallel, per_sample_positions=per_sample_positions)
+    from megatron_ext.rope_attention import chosen_rope_kernel, rope_paths_line, with_fused_rope
+
+    rope_kernel = chosen_rope_kernel(model.rope_kernel, rope=model.position_embedding_type == "rope")
     spec_kwargs = {} if model.transformer_impl == "transformer_engine" else {"normalization": "RMSNorm"}
     if model.position_embedding_type == "alibi":  # context parallelism refused by parallel.check_model
         from megatron_ext.alibi_attention import alibi_layer_spec
@@ -138,6 +144,8 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
             from megatron_ext.sdpa_attention import with_core_attention
 
             spec = with_core_attention(spec, model.core_attention)
+        if rope_kernel == "triton":
+            spec = with_fused_rope(spec)
     gpt = FloatPositionGPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -154,6 +162,14 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
     from megatron_ext.versions import log_missing_reaches
 
     log_missing_reaches(gpt)
+    if model.position_embedding_type == "rope":  # the trainer prints it at start-up
+        gpt.rope_paths = rope_paths_line(config, rope_kernel, te=model.transformer_impl == "transformer_engine",
+                                         per_sample_positions=per_sample_positions)
+        log.info(gpt.rope_paths)
+    if model.cross_entropy_loss_fusion and model.cross_entropy_fusion_impl == "chunked":
+        from megatron_ext.chunked_loss import install_chunked_loss
+
+        install_chunked_loss(gpt)
     if model.use_rope_scaling or model.rope_proportion < 1.0:
         # Megatron's own rope_scaling fixes the original window at 8192 (HF's llama3 takes it from the
         # config); p-RoPE zeroes frequencies Megatron has no option for.

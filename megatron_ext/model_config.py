@@ -18,6 +18,9 @@ RECOMPUTE_METHODS = (None, "uniform", "block")
 # attention bias -m_h·|p_i - p_j| from the same positions (megatron_ext.alibi).
 POSITION_EMBEDDING_TYPES = ("rope", "none", "alibi")
 CORE_ATTENTIONS = ("sdpa", "megatron")  # model.core_attention (megatron_ext.sdpa_attention)
+ROPE_KERNELS = ("auto", "triton", "unfused")  # model.rope_kernel (megatron_ext.rope_attention)
+# model.cross_entropy_fusion_impl: Megatron's two ('native', 'te') and ours (megatron_ext.chunked_loss)
+CROSS_ENTROPY_FUSION_IMPLS = ("chunked", "native", "te")
 
 
 @dataclass
@@ -56,6 +59,17 @@ class ModelConfig:
     # megatron = Megatron's DotProductAttention (baddbmm + masked softmax + bmm). Same math and
     # weights; sdpa falls back to megatron's path for calls it does not cover (megatron_ext.sdpa_attention).
     core_attention: str = "sdpa"
+    # How q and k are rotated (not a Megatron field; Megatron's apply_rope_fusion is TE's kernel, set from
+    # transformer_impl): triton = one fused Triton launch for q and k, any float positions (megatron_ext.kernels.rope);
+    # unfused = Megatron's apply_rotary_pos_emb; auto = triton on CUDA, unfused on CPU (triton on CPU runs only
+    # under TRITON_INTERPRET=1).
+    rope_kernel: str = "auto"
+    # Megatron's fused cross-entropy switch and implementation. chunked (ours, megatron_ext.chunked_loss): output
+    # layer and loss in token chunks, no [tokens × vocab] logits tensor, logits recomputed in backward; native:
+    # Megatron's jit-fused loss on full float32 logits (its gradients are cast to bf16: needs model.bf16); te:
+    # Transformer Engine's. Off by default: chunked saves memory, not time (one more logits matmul).
+    cross_entropy_loss_fusion: bool = False
+    cross_entropy_fusion_impl: str = "chunked"
     # Biases on the q/k/v projections only (Qwen2), as Megatron's TransformerConfig.add_qkv_bias.
     add_qkv_bias: bool = False
     # Llama 3.x RoPE scaling of the model's own frequencies (Megatron's --use-rope-scaling and
@@ -102,6 +116,9 @@ class ModelConfig:
             raise ValueError(f"model.kv_channels must be even for RoPE (got {self.kv_channels})")
         if self.core_attention not in CORE_ATTENTIONS:
             raise ValueError(f"model.core_attention must be one of {CORE_ATTENTIONS} (got {self.core_attention!r})")
+        if self.rope_kernel not in ROPE_KERNELS:
+            raise ValueError(f"model.rope_kernel must be one of {ROPE_KERNELS} (got {self.rope_kernel!r})")
+        self._check_cross_entropy()
         if self.rotary_base <= 1:
             raise ValueError(f"model.rotary_base must be > 1 (got {self.rotary_base})")
         if self.transformer_impl not in TRANSFORMER_IMPLS:
@@ -191,6 +208,20 @@ class ModelConfig:
         if rope_scaling not in (None, "none"):
             raise ValueError(f"rope scaling {rope_scaling!r} cannot be added to the model's own Llama 3 RoPE scaling "
                              "(model.use_rope_scaling; an HF config holds one rope type): drop it")
+
+    def _check_cross_entropy(self) -> None:
+        """model.cross_entropy_* (ValueError naming the field and the fix)."""
+        if self.cross_entropy_fusion_impl not in CROSS_ENTROPY_FUSION_IMPLS:
+            raise ValueError(f"model.cross_entropy_fusion_impl must be one of {CROSS_ENTROPY_FUSION_IMPLS} "
+                             f"(got {self.cross_entropy_fusion_impl!r})")
+        if not self.cross_entropy_loss_fusion:
+            return
+        if self.cross_entropy_fusion_impl == "native" and not self.bf16:
+            raise ValueError("model.cross_entropy_fusion_impl=native casts the logits' gradients to bf16, which a "
+                             "float32 model would silently lose: set model.bf16=true or use chunked")
+        if self.cross_entropy_fusion_impl == "te" and self.transformer_impl != "transformer_engine":
+            raise ValueError("model.cross_entropy_fusion_impl=te needs model.transformer_impl=transformer_engine; "
+                             "use chunked or native")
 
     def _check_recompute(self) -> None:
         """Megatron's TransformerConfig rules for recompute_*, raised before any model is built."""

@@ -228,6 +228,10 @@ class TrainConfig:
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
         self.model.check_positions(self.positions.strategy, self.positions.rope_scaling)
+        if self.model.rope_kernel == "triton":  # a GPU (or Triton's interpreter) is needed: refused before start
+            from megatron_ext.rope_attention import chosen_rope_kernel
+
+            chosen_rope_kernel("triton", rope=self.model.position_embedding_type == "rope")
         pp = self.parallel.pipeline_model_parallel_size
         if self.parallel.virtual_pipeline_model_parallel_size is not None and self.num_microbatches(dp) % pp:
             # Megatron's interleaved schedule runs microbatches in groups of PP per virtual stage.

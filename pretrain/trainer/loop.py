@@ -147,6 +147,8 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     engine = Engine(config.model, config.parallel, config.optimizer, total_iters,
                     per_sample_positions=sampler.needs_per_sample or config.data.document_masking)
     engine.progress = watchdog.counters
+    if rank == 0 and getattr(engine.model.module, "rope_paths", None):
+        print(engine.model.module.rope_paths, flush=True)  # which RoPE kernel each layer takes
 
     start = 0
     if resume.candidates:
