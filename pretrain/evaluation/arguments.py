@@ -152,7 +152,7 @@ def _add_downstream(sub) -> None:
     p.add_argument("--limit", type=float, help="examples per task (testing only; < 1 = a fraction)")
     p.add_argument("--context-length", type=int,
                    help="lm-eval's max_length (longer inputs are cut from the left; default: the model's "
-                        "max_position_embeddings = the training window for our exports); also the length "
+                        "max_position_embeddings = the context the method serves for our exports); also the length "
                         "an RFS model's positions and the default --factor are set for")
     p.add_argument("--rope-scaling", type=cli_scaling_kind, choices=ROPE_SCALING_KINDS,
                    help="inference-time RoPE transform (PosAug-trained models need none)")
@@ -160,7 +160,8 @@ def _add_downstream(sub) -> None:
     p.add_argument("--include-path", help="directory (or file) of your own lm-eval task YAML files")
     p.add_argument("--tokenizer", help="tokenizer of a Megatron checkpoint (default: its data manifest's)")
     p.add_argument("--train-window", type=int,
-                   help="HF directories with --rope-scaling: the training window (default: max_position_embeddings)")
+                   help="HF directories with --rope-scaling: the training window (default: our exports' recorded "
+                        "window, else max_position_embeddings)")
     p.add_argument("--batch-size", type=_batch_size, default=8, help="lm-eval batch size, or 'auto' (default 8)")
     p.add_argument("--device", help=DEVICE_HELP)
     p.add_argument("--output", "--out", dest="out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")

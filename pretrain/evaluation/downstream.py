@@ -153,7 +153,9 @@ def _rescaled_copy(source: Path, target: Path, kind: str, factor: float | None, 
     if existing not in ("none", "default"):
         raise ValueError(f"{source} already ships RoPE scaling {existing!r}; drop --rope-scaling, or start "
                          "from a directory without it")
-    window = int(train_window or config.get("max_position_embeddings") or 0)
+    # Our exports announce the served context in max_position_embeddings (pretrain.hf.context), the window apart.
+    window = int(train_window or (config.get("posaug_training") or {}).get("train_seq_length")
+                 or config.get("max_position_embeddings") or 0)
     if window <= 0:
         raise ValueError(f"{source}: config.json has no max_position_embeddings; pass --train-window")
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]

@@ -37,6 +37,8 @@ def export_parser() -> Parser:
     parser.add_argument("--factor", type=float, help="scaling factor (>= 1) for --rope-scaling")
     parser.add_argument("--eval-length", type=int, help="RFS: evaluation length n_eval the linear factor "
                         "max(n_train, n_eval) / L is computed for (default: training window × 8)")
+    parser.add_argument("--max-position-embeddings", type=int, help="config.json's context length (default: "
+                        "what the method serves, e.g. PosAug alpha_max x window; table in pretrain/hf/context.py)")
     parser.add_argument("--max-shard-size", default="2GB", help="shard model.safetensors above this size")
     parser.add_argument("--dtype", choices=EXPORT_DTYPES, default="float32")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")

@@ -76,7 +76,7 @@ def test_export_directory_has_config_generation_config_tokenizer_and_sharded_wei
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["num_key_value_heads"], config["head_dim"], config["rms_norm_eps"]) == (2, 16, 1e-5)
     assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
-    assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == 32
+    assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == 8 * 32  # PosAug: 8w
     assert (config["bos_token_id"], config["eos_token_id"], config["vocab_size"]) == (1, 2, VOCAB)
     assert config["posaug_training"]["strategy"] == "posaug"
     generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
@@ -147,7 +147,7 @@ def hf_llama_dir(tmp_path_factory, tokenizer_files):
     return save_hf_llama(tmp_path_factory.mktemp("llama"), tokenizer_files[0]["sentencepiece-bpe"])
 
 
-def assert_same_weights_and_architecture(original, exported):
+def assert_same_weights_and_architecture(original, exported, served=None):
     a, b = read_hf_weights(original), read_hf_weights(exported)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
@@ -155,6 +155,9 @@ def assert_same_weights_and_architecture(original, exported):
             "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_parameters", "tie_word_embeddings",
             "max_position_embeddings")
     ca, cb = (json.loads((p / "config.json").read_text()) for p in (Path(original), Path(exported)))
+    if served is not None:  # a run set to another method announces the context that method serves
+        assert cb.pop("max_position_embeddings") == served
+        keys = tuple(k for k in keys if k != "max_position_embeddings")
     assert {k: ca[k] for k in keys} == {k: cb[k] for k in keys}
 
 
@@ -168,7 +171,7 @@ def test_import_under_tensor_parallel_then_export_is_bit_identical(megatron_worl
     run_torchrun("tests/distributed/hf_import.py", 2, "--hf", str(hf_llama_dir), "--output", str(tmp_path / "run"),
                  "--tp", "2", "--set", "positions.strategy=posaug", timeout=180)
     export_checkpoint(tmp_path / "run", tmp_path / "hf")
-    assert_same_weights_and_architecture(hf_llama_dir, tmp_path / "hf")
+    assert_same_weights_and_architecture(hf_llama_dir, tmp_path / "hf", served=8 * 32)  # PosAug: alpha_max * w
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["posaug_training"]["strategy"] == "posaug"
 
 
