@@ -85,7 +85,8 @@ def eval_parser() -> Parser:
     run.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS, help="token budget per forward pass")
     run.add_argument("--in-start", type=int, help="first in-distribution position of the cliff (default 64)")
     run.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
-    run.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
+    run.add_argument("--gain-window", type=int, help="sliding window of G(C) (default: the paper's 512, or w/4 "
+                     "below its w = 2048)")
     run.add_argument("--gain-method", choices=GAIN_METHODS, default="exact",
                      help="exact: each target sees exactly the previous window tokens; kv_cache: the "
                           "paper's truncated KV cache with RoPE offset reset (hf backend)")
@@ -111,7 +112,8 @@ def eval_parser() -> Parser:
     every.add_argument("--data", help="evaluation data for every run (default: each run's data.data_path)")
     every.add_argument("--num-spans", type=int, default=20, help="spans per length (paper: 20)")
     every.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
-    every.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
+    every.add_argument("--gain-window", type=int, help="sliding window of G(C) (default: the paper's 512, or w/4 "
+                       "below its w = 2048)")
     every.add_argument("--gain-method", choices=GAIN_METHODS, default="exact")
     every.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     every.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS,
