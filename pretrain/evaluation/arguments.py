@@ -103,7 +103,8 @@ def eval_parser() -> Parser:
     run.add_argument("--allow-tokenizer-mismatch", action="store_true",
                      help="evaluate even if the data's tokenizer differs from the run's")
     run.add_argument("--device", help=DEVICE_HELP)
-    run.add_argument("--output", "--out", dest="out", default="eval_results", help="directory for the JSON record")
+    run.add_argument("--output", dest="out", default="eval_results", help="directory for the JSON record")
+    run.add_deprecated("--out", "out", "--output")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     every = sub.add_parser("all", help="evaluate every finished run under a directory not evaluated yet")
@@ -119,7 +120,8 @@ def eval_parser() -> Parser:
     every.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS,
                        help="token budget per forward pass")
     every.add_argument("--device", help=DEVICE_HELP)
-    every.add_argument("--output", "--out", dest="out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
+    every.add_argument("--output", dest="out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
+    every.add_deprecated("--out", "out", "--output")
     every.add_argument("--no-progress", action="store_true", help="no progress lines")
     every.add_argument("--downstream", type=parse_tasks,
                        help="also lm-eval tasks for every finished run, e.g. hellaswag,arc_easy (see eval downstream)")
@@ -129,7 +131,8 @@ def eval_parser() -> Parser:
 
     rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
     rep.add_argument("records", nargs="+", help="record JSON files or directories of them")
-    rep.add_argument("--output", "--out", dest="out", default="eval_report", help="output directory")
+    rep.add_argument("--output", dest="out", default="eval_report", help="output directory")
+    rep.add_deprecated("--out", "out", "--output")
     rep.add_argument("--baseline", help="method or label of the baseline; every size is compared with its own "
                      "(default: 'baseline' when such runs exist)")
     rep.add_argument("--length", type=int, help="L_eval for the loss-curve and cliff-vs-size plots (default: largest)")
@@ -166,4 +169,5 @@ def _add_downstream(sub) -> None:
                         "window, else max_position_embeddings)")
     p.add_argument("--batch-size", type=_batch_size, default=8, help="lm-eval batch size, or 'auto' (default 8)")
     p.add_argument("--device", help=DEVICE_HELP)
-    p.add_argument("--output", "--out", dest="out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")
+    p.add_argument("--output", dest="out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")
+    p.add_deprecated("--out", "out", "--output")

@@ -179,7 +179,7 @@ def _check_ranges(args) -> None:
 
 
 def _inputs(args) -> dict:
-    """What an eval command reads, by flag (its --out must lie apart from them)."""
+    """What an eval command reads, by flag (its --output must lie apart from them)."""
     if args.command == "report":
         return {f"record {path}": path for path in args.records}
     named = {"MODEL": getattr(args, "model", None), "DIRECTORY": getattr(args, "directory", None),
@@ -196,9 +196,9 @@ def eval_cli(argv: list[str]) -> int:
         directory = getattr(args, "directory", None)  # `eval downstream` has none: its default is the run's
         out = args.out or (Path(directory) / "eval_records" if directory and Path(directory).is_dir() else None)
         if out is not None:  # records and reports never go where the command reads from
-            check_apart(out, _inputs(args), "--out", inside_ok=args.command != "run")
+            check_apart(out, _inputs(args), "--output", inside_ok=args.command != "run")
         if args.command != "report" and out is not None:  # before hours of evaluation, not after
-            check_writable(out, what="evaluation output directory", elsewhere="pass an --out on a larger disk",
+            check_writable(out, what="evaluation output directory", elsewhere="pass an --output on a larger disk",
                            then="rerun the same command")
         if args.command == "all":
             from .all_runs import evaluate_all

@@ -227,7 +227,7 @@ def evaluate_downstream(source: str | Path, tasks: list[str], *, num_fewshot: in
                                created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     path = results_path(out_dir, tasks, num_fewshot, limit, context_length, rope_scaling, factor)
     write_text_atomic(path, json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False),
-                      what="lm-eval results", elsewhere="pass an --out on a larger disk", then="rerun the same command")
+                      what="lm-eval results", elsewhere="pass an --output on a larger disk", then="rerun the same command")
     if samples is not None:
         results["samples"] = samples
     return results, path

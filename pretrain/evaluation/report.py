@@ -32,7 +32,7 @@ def write_record(record: dict, path: str | Path) -> Path:
 
     path = Path(path)
     write_text_atomic(path, json.dumps(record, indent=1, default=_json_default), what="evaluation record",
-                      elsewhere="pass an --out on a larger disk", then="rerun the same command")
+                      elsewhere="pass an --output on a larger disk", then="rerun the same command")
     return path
 
 

@@ -60,7 +60,7 @@ def prepare_data(out: Path, preset: Preset, corpus: str | None) -> str:
     need = preset.num_spans * preset.eval_length
     if manifest.num_valid_tokens < need:
         raise ValueError(f"the validation stream has {manifest.num_valid_tokens:,} tokens; {preset.num_spans} spans "
-                         f"of {preset.eval_length} need {need:,}: use a larger corpus (--corpus) or fewer spans")
+                         f"of {preset.eval_length} need {need:,}: use a larger corpus (--input) or fewer spans")
     return prefix
 
 

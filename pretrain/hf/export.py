@@ -312,7 +312,7 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     from pretrain.trainer import config as config_module
 
     output = Path(output)
-    check_apart(output, {"--checkpoint": checkpoint, "the checkpoint's run directory": ckpt.resolve(checkpoint).parent,
+    check_apart(output, {"the run directory": checkpoint, "the checkpoint's run directory": ckpt.resolve(checkpoint).parent,
                          "--tokenizer": tokenizer})
     check_output(output, overwrite)
     record = ckpt.read_train_state(checkpoint)
@@ -370,7 +370,10 @@ def export_cli(argv: list[str]) -> int:
     """`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama (or Qwen2) directory."""
     from pretrain.hf.arguments import export_parser
 
-    args = export_parser().parse_args(argv)
+    parser = export_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "checkpoint", None) is None:
+        parser.error("the run to export is missing: python -m pretrain export-hf RUN --output DIR")
     try:
         path = export_checkpoint(args.checkpoint, args.output, tokenizer=args.tokenizer,
                                  no_tokenizer=args.no_tokenizer, rope_scaling=args.rope_scaling,

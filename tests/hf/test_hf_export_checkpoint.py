@@ -70,7 +70,7 @@ def test_auto_model_logits_equal_megatron_logits(checkpoints, tmp_path, name):
 def test_export_directory_has_config_generation_config_tokenizer_and_sharded_weights(
         checkpoints, tokenizer_files, tmp_path):
     files, _ = tokenizer_files
-    code = export_cli(["--checkpoint", str(Path(checkpoints["tp2pp2_gqa_tied"]).parent), "--output",
+    code = export_cli([str(Path(checkpoints["tp2pp2_gqa_tied"]).parent), "--output",
                        str(tmp_path / "hf"), "--tokenizer", files["sentencepiece-bpe"], "--max-shard-size", "100KB"])
     assert code == 0
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -163,7 +163,7 @@ def assert_same_weights_and_architecture(original, exported, served=None):
 
 def test_import_then_export_is_bit_identical(megatron_world, hf_llama_dir, tmp_path):
     import_hf(hf_llama_dir, tmp_path / "run")
-    assert export_cli(["--checkpoint", str(tmp_path / "run"), "--output", str(tmp_path / "hf")]) == 0
+    assert export_cli([str(tmp_path / "run"), "--output", str(tmp_path / "hf")]) == 0
     assert_same_weights_and_architecture(hf_llama_dir, tmp_path / "hf")
 
 
@@ -176,14 +176,14 @@ def test_import_under_tensor_parallel_then_export_is_bit_identical(megatron_worl
 
 
 def test_missing_tokenizer_is_refused_with_the_flags_to_use(checkpoints, tmp_path, capsys):
-    assert export_cli(["--checkpoint", checkpoints["tp1_mha_tied"], "--output", str(tmp_path / "hf")]) == 2
+    assert export_cli([checkpoints["tp1_mha_tied"], "--output", str(tmp_path / "hf")]) == 2
     assert "--tokenizer PATH" in capsys.readouterr().err and not (tmp_path / "hf").exists()
 
 
 def test_non_empty_output_is_refused_without_overwrite(checkpoints, tmp_path, capsys):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "keep.txt").write_text("mine")
-    args = ["--checkpoint", checkpoints["tp1_mha_tied"], "--output", str(tmp_path / "hf"), "--no-tokenizer"]
+    args = [checkpoints["tp1_mha_tied"], "--output", str(tmp_path / "hf"), "--no-tokenizer"]
     assert export_cli(args) == 2 and "--overwrite" in capsys.readouterr().err
     assert export_cli(args + ["--overwrite"]) == 0 and not (tmp_path / "hf" / "keep.txt").exists()
 

@@ -137,13 +137,13 @@ def test_reimporting_an_export_keeps_the_training_window(exports):
 
 
 def test_max_position_embeddings_flag_overrides_the_rule(exports, tmp_path):
-    assert export_cli(["--checkpoint", exports["none"][1], "--output", str(tmp_path / "hf"), "--no-tokenizer",
+    assert export_cli([exports["none"][1], "--output", str(tmp_path / "hf"), "--no-tokenizer",
                        "--max-position-embeddings", "1000"]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["max_position_embeddings"] == 1000
 
 
 def test_max_position_embeddings_flag_is_refused_where_the_scaling_reads_it(exports, tmp_path, capsys):
-    assert export_cli(["--checkpoint", exports["none"][1], "--output", str(tmp_path / "hf"), "--no-tokenizer",
+    assert export_cli([exports["none"][1], "--output", str(tmp_path / "hf"), "--no-tokenizer",
                        "--rope-scaling", "yarn", "--factor", "4", "--max-position-embeddings", "1000"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--max-position-embeddings cannot be set with RoPE scaling 'yarn'" in err
@@ -185,7 +185,7 @@ def test_exports_load_to_the_same_logits_under_transformers_4(exports, tmp_path)
 
 def test_export_cli_accepts_the_hf_scaling_names(exports, tmp_path):
     checkpoint = exports["pi"][1]
-    assert export_cli(["--checkpoint", checkpoint, "--output", str(tmp_path / "hf"), "--no-tokenizer",
+    assert export_cli([checkpoint, "--output", str(tmp_path / "hf"), "--no-tokenizer",
                        "--rope-scaling", "linear", "--factor", "3"]) == 0
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["rope_scaling"] == {"rope_type": "linear", "factor": 3.0}
@@ -194,6 +194,6 @@ def test_export_cli_accepts_the_hf_scaling_names(exports, tmp_path):
 
 def test_unknown_rope_scaling_is_refused_naming_the_kinds(exports, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        export_cli(["--checkpoint", exports["pi"][1], "--output", str(tmp_path / "hf"), "--rope-scaling", "longrope"])
+        export_cli([exports["pi"][1], "--output", str(tmp_path / "hf"), "--rope-scaling", "longrope"])
     assert exit_info.value.code == 2
     assert "none, pi, ntk, dynamic_ntk, yarn" in capsys.readouterr().err.replace("'", "")
