@@ -75,3 +75,13 @@ def test_a_shipped_config_run_on_cpu_with_a_preset_prints_no_warning(tmp_path):
     console = proc.stdout + proc.stderr  # the shipped distributed optimizer's fp32 path included
     assert "warning" not in console.lower(), console[-4000:]
     assert (tmp_path / "run" / "latest_checkpointed_iteration.txt").read_text() == "16"
+
+
+def test_the_readmes_shipped_config_one_liner_resolves_to_a_cpu_run(tiny_shards, capsys):
+    [line] = [line for line in (REPO / "README.md").read_text().splitlines()
+              if line.startswith("python -m pretrain train 10m_posaug --preset")]
+    argv = line.split()[4:]  # after `python -m pretrain train`
+    argv[argv.index("--set") + 1] = f"data.data_path={tiny_shards}"  # the README's shards, here the suite's
+    assert main([*argv, "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "transformer_impl: local" in printed and "vocab_size: 512" in printed and "iterations: 800" in printed
