@@ -21,10 +21,12 @@ def small_build(tmp_path_factory):
     return proc
 
 
+@pytest.mark.slow  # a real eval / build (seconds quiet, a minute loaded)
 def test_no_progress_still_prints_the_closing_summary(small_build):
     assert "done in " in small_build.stderr and "58 train in 1 shard(s), 2 valid" in small_build.stderr
 
 
+@pytest.mark.slow  # a real eval / build (seconds quiet, a minute loaded)
 def test_a_validation_split_too_small_for_the_default_evaluation_says_so_and_names_the_fixes(small_build):
     line = next(line for line in small_build.stderr.splitlines() if line.startswith("validation: 2 document(s)"))
     assert "= 0 span(s) of 16,384" in line and "default 20 spans at 8w need 327,680 tokens" in line

@@ -35,28 +35,33 @@ def evaluated(checkpoint, tiny_shards, tmp_path_factory):
     return json.loads((out / "hf.json").read_text()), out, stdout.getvalue()
 
 
+@pytest.mark.slow  # a real eval / build (seconds quiet, a minute loaded)
 def test_the_gain_window_defaults_to_a_quarter_of_a_window_below_2048(evaluated):
     record, _, _ = evaluated
     assert record["context_gain"]["window"] == 8
 
 
+@pytest.mark.slow  # a real eval / build (seconds quiet, a minute loaded)
 def test_a_per_position_loss_plot_is_written_beside_the_record(evaluated):
     _, out, stdout = evaluated
     assert (out / "hf.png").stat().st_size > 1000 and "wrote " in stdout and "and hf.png" in stdout
 
 
+@pytest.mark.slow  # a real eval / build (seconds quiet, a minute loaded)
 def test_a_result_after_too_little_training_says_it_cannot_tell_with_its_evidence(evaluated):
     _, _, stdout = evaluated
     notes = [line for line in stdout.splitlines() if line.startswith("note: L=128")]
     assert any(f"{EVIDENCE_SEQUENCES:,} sequences ({EVIDENCE})" in line for line in notes), stdout
 
 
+@pytest.mark.slow  # a real eval / build (seconds quiet, a minute loaded)
 def test_a_record_names_the_runs_size_and_method_for_eval_report(evaluated):
     record, _, _ = evaluated
     assert (record["size"], record["method"]) == ("tiny", "posaug")
     assert len(record["lengths"]["128"]["per_span"]["ood"]) == 4
 
 
+@pytest.mark.slow  # a real eval / build (seconds quiet, a minute loaded)
 def test_a_gain_window_not_below_the_training_window_is_warned_about(checkpoint, tiny_shards, tmp_path, capsys):
     assert eval_cli(["run", checkpoint, "--data", tiny_shards, "--num-spans", "2", "--context-gain", "64",
                      "--gain-window", "32", "--output", str(tmp_path)]) == 0
