@@ -19,6 +19,7 @@ def resolved(preset, overrides, config=SHIPPED):
     return config_module.load(config, preset_overrides(preset, config, overrides))
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA machine may run Transformer Engine")
 def test_transformer_engine_on_cpu_is_refused_at_check_in_one_line(monkeypatch, capsys):
     monkeypatch.delenv(DEVICE_CHECK_IN_JOB, raising=False)
     assert main(["10m_posaug", "--check", "--set", "data.synthetic=true"]) == 2
