@@ -116,6 +116,24 @@ def write_manifest(cfg: BuildConfig, plan: BuildPlan, num_ranks: int, unit_recor
     return manifest
 
 
+# What `eval run` needs by default on the shipped configs: 20 spans (its --num-spans) of 8 × w at w = 2048
+# (pretrain/table.py EXTRAPOLATION and the shipped window; tests/data_prep/test_valid_split_report.py keeps them equal).
+EVAL_SPANS, EVAL_WINDOWS, SHIPPED_WINDOW = 20, 8, 2048
+
+
+def validation_line(valid_docs: int, valid_tokens: int) -> str:
+    """The closing report's line on the validation split: what evaluation it allows, and the fix when too little."""
+    span = EVAL_WINDOWS * SHIPPED_WINDOW
+    head = f"validation: {valid_docs} document(s), {valid_tokens:,} tokens"
+    if valid_tokens >= EVAL_SPANS * span:
+        return f"{head}: enough for eval run's default {EVAL_SPANS} spans of {span:,} (8 × the shipped window)"
+    largest = valid_tokens // (EVAL_SPANS * EVAL_WINDOWS)
+    return (f"{head} = {valid_tokens // span} span(s) of {span:,} (8 × the shipped window {SHIPPED_WINDOW}); eval "
+            f"run's default {EVAL_SPANS} spans at 8w need {EVAL_SPANS * span:,} tokens (this split allows them up to "
+            f"w = {largest:,}): rebuild with --valid-docs N (this changes the training split too), or evaluate on "
+            "held-out text with eval run --data FILE.jsonl --tokenizer TOK")
+
+
 def _print_report(cfg: BuildConfig, manifest: dict, in_bytes: int, seconds: float) -> None:
     docs, tokens = manifest["documents"], manifest["tokens"]["total"]
     rate = max(seconds, 1e-9)
@@ -124,6 +142,7 @@ def _print_report(cfg: BuildConfig, manifest: dict, in_bytes: int, seconds: floa
           f"{manifest['skipped_by_reason'] or ''}\n{tokens} tokens ({tokens / rate:,.0f} tokens/s, "
           f"{in_bytes / 1e6 / rate:.2f} MB/s input); manifest {manifest_path(cfg.output_prefix)}",
           file=sys.stderr, flush=True)
+    print(validation_line(docs["valid"], manifest["tokens"]["valid"]), file=sys.stderr, flush=True)
     replaced = manifest["invalid_utf8"]
     if replaced["documents"]:
         print(f"invalid UTF-8: {replaced['replacements']} byte sequence(s) decoded as U+FFFD in "

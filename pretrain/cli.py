@@ -5,6 +5,9 @@ class. The shared flags are made here so that they mean the same thing everywher
 - `--set KEY=VALUE`: repeatable (and several per flag); every value is appended, none is dropped.
 - `--seeds 42,137` is a list of seed values; `--num-seeds 2` a count (the first of SEED_ORDER). A lone
   small integer given to `--seeds` looks like a count and is refused with a hint.
+- One name per thing: `--output` for what a command writes, the run (or model) as a positional argument,
+  `--input` for a corpus. A former spelling stays as a hidden alias (`Parser.add_deprecated`) that works and
+  prints one deprecation line naming the current one.
 This module imports nothing heavy: `--help` must not import torch.
 """
 
@@ -46,6 +49,12 @@ class Parser(argparse.ArgumentParser):
             kwargs["help"] = "(default: %(default)s)"
         return super().add_argument(*args, **kwargs)
 
+    def add_deprecated(self, old: str, dest: str, instead: str) -> argparse.Action:
+        """A former spelling `old` of the option (or positional) stored in `dest`: hidden from --help, it works
+        and prints one line naming `instead`."""
+        return super().add_argument(old, dest=dest, action=_Deprecated, instead=instead, help=argparse.SUPPRESS,
+                                    default=argparse.SUPPRESS)
+
     def error(self, message: str) -> NoReturn:
         """Exit 2 with one line; an unknown subcommand reads `unknown command X; choose from ...`."""
         match = re.fullmatch(r"argument (?:command|\{[^}]*\}): invalid choice: '(.*)' \(choose from (.*)\)", message)
@@ -54,6 +63,24 @@ class Parser(argparse.ArgumentParser):
             choices = [choice.strip().strip("'") for choice in match.group(2).split(",")]
             message = unknown_choice("command", match.group(1), choices)
         super().error(message)
+
+
+class _Deprecated(argparse.Action):
+    """Stores like `store` and says, once per use on stderr, which spelling replaces the one given."""
+
+    def __init__(self, option_strings, dest, instead: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.instead = instead
+
+    said: set[tuple[str, str]] = set()  # `python -m pretrain` parses a command's line twice: say it once
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import sys
+
+        if (parser.prog, option_string) not in self.said:
+            self.said.add((parser.prog, option_string))
+            print(f"{parser.prog}: {option_string} is deprecated; use {self.instead}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def add_set(parser: argparse.ArgumentParser, dest: str = "set", help: str = "config override") -> None:

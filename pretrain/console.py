@@ -67,6 +67,11 @@ KNOWN_HARMLESS = (
     KnownWarning(FutureWarning, r"`torch\.distributed\.reduce_scatter_tensor` is deprecated", r"torch\.distributed",
                  "Megatron-Core's distributed optimizer reduce-scatters grads with it (0.16.1); the call is Megatron's "
                  "and still correct (tests/trainer/test_distributed_optimizer.py)"),
+    KnownWarning(UserWarning, r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed",
+                 r"(megatron\.core\.optimizer|megatron_ext\.cpu_compat)",
+                 "Megatron-Core's distributed optimizer zeroes the grads of its fp32 shard views (non-leaf by design; "
+                 "0.16.1 distrib_optimizer.zero_grad notes 'throws grad-access warning'); on CPU it is attributed to "
+                 "cpu_compat's device mode, which only forwards the call; the grads Megatron uses are main_grad"),
     KnownWarning(UserWarning, r"The pad token id in the tokenizer collides with another special token id\..*"
                  r"As such, the training flow will avoid masking out any pad tokens", r"megatron\.core\.datasets",
                  "our shards have no pad token (pad = EOD is only a placeholder); Megatron then masks nothing, "

@@ -73,7 +73,16 @@ def main(argv: list[str]) -> int:
     if plan_args is not None:
         code = _exit_code(["plan", *plan_args])
         (results / "plan.rc").write_text(f"{code}\n")
-    code = _to_file(results / "preflight.out", ["train", "--check", *train_args])
+    # A login node has no GPU: the job checks its own device (pretrain.trainer.cli.DEVICE_CHECK_IN_JOB).
+    before = os.environ.get("POSAUG_DEVICE_CHECK_IN_JOB")
+    os.environ["POSAUG_DEVICE_CHECK_IN_JOB"] = "1"
+    try:
+        code = _to_file(results / "preflight.out", ["train", "--check", *train_args])
+    finally:
+        if before is None:
+            del os.environ["POSAUG_DEVICE_CHECK_IN_JOB"]
+        else:
+            os.environ["POSAUG_DEVICE_CHECK_IN_JOB"] = before
     (results / "preflight.rc").write_text(f"{code}\n")
     return 0
 

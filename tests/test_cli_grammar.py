@@ -215,3 +215,40 @@ def test_the_baseline_has_one_name_in_every_method_list():
 
     for methods in (METHODS, TRAINING_METHODS, TASK_METHODS):
         assert "baseline" in methods and not set(FORMER_NAMES) & set(methods)
+
+
+# one name per thing: (a former spelling, its dest, the current spelling) of each command that had one
+DEPRECATED = [(["eval", "run", "m", "--data", "d", "--out", "V"], "out", "--output"),
+              (["eval", "report", "r", "--out", "V"], "out", "--output"),
+              (["export-hf", "--checkpoint", "V", "--output", "o"], "checkpoint",
+               "the run as the first argument: export-hf RUN --output DIR"),
+              (["reproduce", "--corpus", "V"], "corpus", "--input"),
+              (["reproduce", "--slurm", "--corpus", "V"], "corpus", "--input")]
+
+
+@pytest.mark.parametrize("argv,dest,current", DEPRECATED, ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_a_former_spelling_still_works_and_prints_one_deprecation_line(monkeypatch, capsys, argv, dest, current):
+    from pretrain.cli import _Deprecated
+
+    monkeypatch.setattr(_Deprecated, "said", set())
+    args = _capture(monkeypatch, argv, parse=True)
+    assert getattr(args, dest) == "V"
+    old = next(a for a in argv if a.startswith("--") and a not in ("--data", "--output", "--slurm"))
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.endswith(f": {old} is deprecated; use {current}")
+
+
+@pytest.mark.parametrize("argv,old", [(["eval", "run"], "--out"), (["export-hf"], "--checkpoint"),
+                                      (["reproduce"], "--corpus")])
+def test_a_former_spelling_is_hidden_from_help(monkeypatch, argv, old):
+    assert old + " " not in _capture(monkeypatch, argv, parse=False).format_help().replace(old + "put", "")
+
+
+def test_export_hf_takes_the_run_as_its_first_argument_like_eval_run_and_runs(monkeypatch):
+    assert _capture(monkeypatch, ["export-hf", "runs/a", "--output", "o"], parse=True).checkpoint == "runs/a"
+
+
+def test_a_deprecated_spelling_is_said_once_though_python_m_pretrain_parses_twice(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "export-hf", "--checkpoint", str(tmp_path / "none"),
+                           "--output", str(tmp_path / "hf")], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("is deprecated") == 1, proc.stderr

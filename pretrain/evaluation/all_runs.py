@@ -36,7 +36,7 @@ def is_current(path: Path, iteration: int, lengths: list[int], contexts: list[in
 
 def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: str | None = None,
                  num_spans: int = 20, out: str | Path | None = None, backend: str = "hf", device: str = "cpu",
-                 context_gain: list[int] | None = None, gain_window: int = 512, gain_method: str = "exact",
+                 context_gain: list[int] | None = None, gain_window: int | None = None, gain_method: str = "exact",
                  max_batch_tokens: int | None = None, progress: bool = True, say=print,
                  downstream: dict | None = None) -> dict[str, list[str]]:
     """Evaluate the finished, not-yet-evaluated runs under `root`; returns run names by outcome."""

@@ -85,7 +85,8 @@ def eval_parser() -> Parser:
     run.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS, help="token budget per forward pass")
     run.add_argument("--in-start", type=int, help="first in-distribution position of the cliff (default 64)")
     run.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
-    run.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
+    run.add_argument("--gain-window", type=int, help="sliding window of G(C) (default: the paper's 512, or w/4 "
+                     "below its w = 2048)")
     run.add_argument("--gain-method", choices=GAIN_METHODS, default="exact",
                      help="exact: each target sees exactly the previous window tokens; kv_cache: the "
                           "paper's truncated KV cache with RoPE offset reset (hf backend)")
@@ -102,7 +103,8 @@ def eval_parser() -> Parser:
     run.add_argument("--allow-tokenizer-mismatch", action="store_true",
                      help="evaluate even if the data's tokenizer differs from the run's")
     run.add_argument("--device", help=DEVICE_HELP)
-    run.add_argument("--output", "--out", dest="out", default="eval_results", help="directory for the JSON record")
+    run.add_argument("--output", dest="out", default="eval_results", help="directory for the JSON record")
+    run.add_deprecated("--out", "out", "--output")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     every = sub.add_parser("all", help="evaluate every finished run under a directory not evaluated yet")
@@ -111,13 +113,15 @@ def eval_parser() -> Parser:
     every.add_argument("--data", help="evaluation data for every run (default: each run's data.data_path)")
     every.add_argument("--num-spans", type=int, default=20, help="spans per length (paper: 20)")
     every.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
-    every.add_argument("--gain-window", type=int, default=512, help="sliding window of G(C) (paper: 512)")
+    every.add_argument("--gain-window", type=int, help="sliding window of G(C) (default: the paper's 512, or w/4 "
+                       "below its w = 2048)")
     every.add_argument("--gain-method", choices=GAIN_METHODS, default="exact")
     every.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     every.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS,
                        help="token budget per forward pass")
     every.add_argument("--device", help=DEVICE_HELP)
-    every.add_argument("--output", "--out", dest="out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
+    every.add_argument("--output", dest="out", help="directory for the JSON records (default: DIRECTORY/eval_records)")
+    every.add_deprecated("--out", "out", "--output")
     every.add_argument("--no-progress", action="store_true", help="no progress lines")
     every.add_argument("--downstream", type=parse_tasks,
                        help="also lm-eval tasks for every finished run, e.g. hellaswag,arc_easy (see eval downstream)")
@@ -127,7 +131,8 @@ def eval_parser() -> Parser:
 
     rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
     rep.add_argument("records", nargs="+", help="record JSON files or directories of them")
-    rep.add_argument("--output", "--out", dest="out", default="eval_report", help="output directory")
+    rep.add_argument("--output", dest="out", default="eval_report", help="output directory")
+    rep.add_deprecated("--out", "out", "--output")
     rep.add_argument("--baseline", help="method or label of the baseline; every size is compared with its own "
                      "(default: 'baseline' when such runs exist)")
     rep.add_argument("--length", type=int, help="L_eval for the loss-curve and cliff-vs-size plots (default: largest)")
@@ -152,7 +157,7 @@ def _add_downstream(sub) -> None:
     p.add_argument("--limit", type=float, help="examples per task (testing only; < 1 = a fraction)")
     p.add_argument("--context-length", type=int,
                    help="lm-eval's max_length (longer inputs are cut from the left; default: the model's "
-                        "max_position_embeddings = the training window for our exports); also the length "
+                        "max_position_embeddings = the context the method serves for our exports); also the length "
                         "an RFS model's positions and the default --factor are set for")
     p.add_argument("--rope-scaling", type=cli_scaling_kind, choices=ROPE_SCALING_KINDS,
                    help="inference-time RoPE transform (PosAug-trained models need none)")
@@ -160,7 +165,9 @@ def _add_downstream(sub) -> None:
     p.add_argument("--include-path", help="directory (or file) of your own lm-eval task YAML files")
     p.add_argument("--tokenizer", help="tokenizer of a Megatron checkpoint (default: its data manifest's)")
     p.add_argument("--train-window", type=int,
-                   help="HF directories with --rope-scaling: the training window (default: max_position_embeddings)")
+                   help="HF directories with --rope-scaling: the training window (default: our exports' recorded "
+                        "window, else max_position_embeddings)")
     p.add_argument("--batch-size", type=_batch_size, default=8, help="lm-eval batch size, or 'auto' (default 8)")
     p.add_argument("--device", help=DEVICE_HELP)
-    p.add_argument("--output", "--out", dest="out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")
+    p.add_argument("--output", dest="out", help="directory for lm-eval's results JSON (default: <run dir>/downstream)")
+    p.add_deprecated("--out", "out", "--output")

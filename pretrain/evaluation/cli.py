@@ -92,6 +92,10 @@ def _run(args) -> int:
     tokenizer = _tokenizer_for(args, stream, scorer) if (args.passkey_lengths or args.ruler_lengths
                                                          or _run_manifest(scorer)) else None
     batch_size = args.batch_size
+    if args.context_gain and args.gain_window is not None and args.gain_window >= scorer.train_window:
+        print(f"warning: --gain-window {args.gain_window} is not below the training window {scorer.train_window}: "
+              "G(C) then compares contexts longer than any the model trained on (default: w/4 below w = 2048)",
+              file=sys.stderr)
     record = evaluate(
         scorer, stream, args.lengths, args.num_spans,
         batch_size=batch_size, max_batch_tokens=args.max_batch_tokens, in_start=args.in_start, gain_contexts=args.context_gain,
@@ -102,6 +106,9 @@ def _run(args) -> int:
     if batch_size is None:
         record["max_batch_tokens"] = args.max_batch_tokens
     path = report.write_record(record, _record_path(args.out, scorer))
+    plot = None
+    if record["lengths"]:  # beside the JSON: a null result shows at a glance
+        plot = report.plot_loss_curves([record], path.with_suffix(".png"))
     for length, entry in record["lengths"].items():
         cliff = entry.get("cliff")
         extra = f"  cliff {cliff['cliff']:+.4f} (in {cliff['in_dist']:.4f}, ood {cliff['ood']:.4f})" if cliff else ""
@@ -115,7 +122,11 @@ def _run(args) -> int:
             print(f"{task}@{length}: {entry['accuracy']:.3f} (n={entry['n']})")
     if record.get("entropy"):
         print(f"attention entropy ratio (ood/in): {record['entropy']['ratio']:.4f}")
-    print(f"wrote {path}")
+    from .caveats import caveats
+
+    for line in caveats(record):
+        print(f"note: {line}")
+    print(f"wrote {path}" + (f" and {plot.name}" if plot else ""))
     return 0
 
 
@@ -168,7 +179,7 @@ def _check_ranges(args) -> None:
 
 
 def _inputs(args) -> dict:
-    """What an eval command reads, by flag (its --out must lie apart from them)."""
+    """What an eval command reads, by flag (its --output must lie apart from them)."""
     if args.command == "report":
         return {f"record {path}": path for path in args.records}
     named = {"MODEL": getattr(args, "model", None), "DIRECTORY": getattr(args, "directory", None),
@@ -185,9 +196,9 @@ def eval_cli(argv: list[str]) -> int:
         directory = getattr(args, "directory", None)  # `eval downstream` has none: its default is the run's
         out = args.out or (Path(directory) / "eval_records" if directory and Path(directory).is_dir() else None)
         if out is not None:  # records and reports never go where the command reads from
-            check_apart(out, _inputs(args), "--out", inside_ok=args.command != "run")
+            check_apart(out, _inputs(args), "--output", inside_ok=args.command != "run")
         if args.command != "report" and out is not None:  # before hours of evaluation, not after
-            check_writable(out, what="evaluation output directory", elsewhere="pass an --out on a larger disk",
+            check_writable(out, what="evaluation output directory", elsewhere="pass an --output on a larger disk",
                            then="rerun the same command")
         if args.command == "all":
             from .all_runs import evaluate_all

@@ -108,5 +108,7 @@ def eval_spans(stream: np.ndarray | torch.Tensor | TokenStream, num_spans: int, 
     need = num_spans * length
     if tokens.numel() < need:
         raise ValueError(f"the evaluation stream has {tokens.numel()} tokens; {num_spans} spans of {length} "
-                         f"need {need}: lower --num-spans or --lengths, or use more validation data")
+                         f"need {need}: lower --num-spans or --lengths; rebuild the data with more validation "
+                         "documents (data_prep build --valid-docs N; this changes the training split too); or "
+                         "evaluate on held-out text: --data FILE.jsonl (or .txt) --tokenizer TOK")
     return tokens[:need].view(num_spans, length).clone()

@@ -153,7 +153,9 @@ def _rescaled_copy(source: Path, target: Path, kind: str, factor: float | None, 
     if existing not in ("none", "default"):
         raise ValueError(f"{source} already ships RoPE scaling {existing!r}; drop --rope-scaling, or start "
                          "from a directory without it")
-    window = int(train_window or config.get("max_position_embeddings") or 0)
+    # Our exports announce the served context in max_position_embeddings (pretrain.hf.context), the window apart.
+    window = int(train_window or (config.get("posaug_training") or {}).get("train_seq_length")
+                 or config.get("max_position_embeddings") or 0)
     if window <= 0:
         raise ValueError(f"{source}: config.json has no max_position_embeddings; pass --train-window")
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
@@ -225,7 +227,7 @@ def evaluate_downstream(source: str | Path, tasks: list[str], *, num_fewshot: in
                                created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     path = results_path(out_dir, tasks, num_fewshot, limit, context_length, rope_scaling, factor)
     write_text_atomic(path, json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False),
-                      what="lm-eval results", elsewhere="pass an --out on a larger disk", then="rerun the same command")
+                      what="lm-eval results", elsewhere="pass an --output on a larger disk", then="rerun the same command")
     if samples is not None:
         results["samples"] = samples
     return results, path

@@ -88,6 +88,12 @@ def paired_reduction(baseline_cliffs: torch.Tensor, cliffs: torch.Tensor) -> tup
     return difference.mean().item(), standard_error(difference)
 
 
+def per_span_cliffs(per_span: dict) -> torch.Tensor:
+    """Cliff of each span (ood − in_dist, float64) from a record's stored {'in_dist': [...], 'ood': [...]}."""
+    return (torch.tensor(per_span["ood"], dtype=torch.float64)
+            - torch.tensor(per_span["in_dist"], dtype=torch.float64))
+
+
 def in_distribution_penalty(in_dist: float, baseline_in_dist: float) -> float:
     """Relative increase of in-distribution loss over the baseline run's ((x - b) / b)."""
     return (in_dist - baseline_in_dist) / baseline_in_dist

@@ -13,10 +13,18 @@ from .data import TokenStream, eval_spans
 from .scorers import Scorer
 
 
+PAPER_GAIN_WINDOW, PAPER_WINDOW = 512, 2048  # the paper's G(C) window is a quarter of its training window
+
+
+def default_gain_window(train_window: int) -> int:
+    """G(C)'s sliding window when none is given: the paper's 512, or w/4 below its w = 2048 (as the CPU presets)."""
+    return PAPER_GAIN_WINDOW if train_window >= PAPER_WINDOW else max(1, train_window // 4)
+
+
 def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans: int, *,
              batch_size: int | None = None, max_batch_tokens: int = metrics.MAX_BATCH_TOKENS,
              in_start: int | None = None, gain_contexts: list[int] | None = None,
-             gain_window: int = 512, gain_method: str = "exact", kv_chunk: int | None = None,
+             gain_window: int | None = None, gain_method: str = "exact", kv_chunk: int | None = None,
              passkey_lengths: list[int] | None = None, passkey_n: int = 100, ruler_lengths: list[int] | None = None,
              ruler_n: int = 50, tokenizer=None, entropy_spans: int = 0, label: str | None = None,
              seed: int = 0, progress: bool = False) -> dict:
@@ -32,6 +40,9 @@ def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "lengths": {},
     }
+    for key in ("size", "method"):  # a Megatron run's table names: `eval report` pairs by them
+        if info.extra.get(key):
+            record[key] = info.extra[key]
     w = info.train_window
     for length in lengths:
         spans = eval_spans(stream, num_spans, length)
@@ -41,11 +52,17 @@ def evaluate(scorer: Scorer, stream: TokenStream, lengths: list[int], num_spans:
         entry = {"loss": curve.mean().item(), "curve": [round(v, 6) for v in curve.tolist()]}
         if length > w + 1:
             entry["cliff"] = metrics.cliff(losses, w, in_start=in_start)
+            per_span = metrics.span_cliffs(losses, w, in_start=entry["cliff"]["in_start"])
+            # per span, so `eval report` pairs a method with its baseline span by span (as reproduce does)
+            entry["per_span"] = {k: [round(v, 6) for v in per_span[k].tolist()] for k in ("in_dist", "ood")}
+            se = metrics.standard_error(per_span["ood"] - per_span["in_dist"])
+            entry["cliff"]["se"] = se if se == se else None  # NaN (one span) is not JSON
         record["lengths"][str(length)] = entry
     if gain_contexts:
         spans = eval_spans(stream, num_spans, max(gain_contexts))
         record["context_gain"] = metrics.context_gain(
-            scorer, spans, gain_contexts, window=gain_window, method=gain_method, chunk=kv_chunk,
+            scorer, spans, gain_contexts, window=default_gain_window(w) if gain_window is None else gain_window,
+            method=gain_method, chunk=kv_chunk,
             batch_size=batch_size, max_batch_tokens=max_batch_tokens, progress=progress)
     if entropy_spans:
         length = max(lengths)

@@ -32,7 +32,7 @@ def write_record(record: dict, path: str | Path) -> Path:
 
     path = Path(path)
     write_text_atomic(path, json.dumps(record, indent=1, default=_json_default), what="evaluation record",
-                      elsewhere="pass an --out on a larger disk", then="rerun the same command")
+                      elsewhere="pass an --output on a larger disk", then="rerun the same command")
     return path
 
 
@@ -135,9 +135,14 @@ def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
         if is_baseline[key]:
             base_in[key[0]] = _group_mean(runs, "in_dist@")
             base_gain[key[0]] = _group_mean(runs, "G(")
+    base_runs = {(record_size(r), r.get("seed")): r for key, runs in groups.items() if is_baseline[key] for r in runs}
     rows = []
     for (size, label), runs in groups.items():
         per_run = [record_metrics(r) for r in runs]
+        for r, m in zip(runs, per_run):
+            base = base_runs.get((size, r.get("seed")))
+            if base is not None and base is not r:  # the baseline of the same size and seed, span by span
+                m.update(_paired(base, r))
         for m in per_run:
             for length, base in base_in.get(size, {}).items():
                 if f"in_dist@{length}" in m:
@@ -154,6 +159,20 @@ def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
     # sizes small to large; within a size the baseline first
     rows.sort(key=lambda row: (row["parameters"] or 0, row["size"], not row["is_baseline"], row["label"]))
     return rows
+
+
+def _paired(base: dict, record: dict) -> dict[str, float]:
+    """reduction@L / reduction_se@L: the baseline's cliff minus this run's, paired span by span (reproduce's rule)."""
+    from .metrics import paired_reduction, per_span_cliffs
+
+    out = {}
+    for length, entry in record.get("lengths", {}).items():
+        other = base.get("lengths", {}).get(length, {})
+        if entry.get("per_span") and other.get("per_span") and \
+                len(entry["per_span"]["ood"]) == len(other["per_span"]["ood"]) and base.get("data") == record.get("data"):
+            out[f"reduction@{length}"], out[f"reduction_se@{length}"] = paired_reduction(
+                per_span_cliffs(other["per_span"]), per_span_cliffs(entry["per_span"]))
+    return out
 
 
 def _fmt(mean: float, std: float, digits: int = 3) -> str:
@@ -202,7 +221,8 @@ def size_table(rows: list[dict], length: int | None = None) -> str:
     if length is None and lengths:
         length = lengths[-1]
     contexts = sorted({int(k[2:-1]) for k in keys if k.startswith("G(")})
-    columns = [(f"penalty@{length}", "in-dist penalty", True), (f"cliff@{length}", f"cliff (L={length})", False)]
+    columns = [(f"penalty@{length}", "in-dist penalty", True), (f"cliff@{length}", f"cliff (L={length})", False),
+               (f"reduction@{length}", "paired cliff reduction vs baseline (same size, seed, spans)", False)]
     columns += [(f"G({c})", f"G({c})", False) for c in contexts] + [(f"ΔG({c})", f"ΔG({c})", False) for c in contexts]
     columns = [c for c in columns if any(c[0] in row["metrics"] for row in rows)]
     lines = ["| size | method | n | " + " | ".join(title for _, title, _ in columns) + " |",
@@ -211,8 +231,11 @@ def size_table(rows: list[dict], length: int | None = None) -> str:
         cells = []
         for key, _, percent in columns:
             mean, std = row["metrics"].get(key, (math.nan, math.nan))
-            if row.get("is_baseline") and (key.startswith("penalty") or key.startswith("ΔG")):
+            if row.get("is_baseline") and key.startswith(("penalty", "ΔG", "reduction")):
                 cells.append("(baseline)" if key.startswith("penalty") else "—")
+            elif key.startswith("reduction") and math.isfinite(mean):  # ± its span SE (mean over seeds)
+                se = row["metrics"].get(f"reduction_se@{length}", (math.nan,))[0]
+                cells.append(f"{mean:.3f} ± {se:.3f} SE")
             elif percent and math.isfinite(mean):
                 cells.append(_fmt(100 * mean, 100 * std, 1) + " %")
             else:

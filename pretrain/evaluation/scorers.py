@@ -344,11 +344,16 @@ def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int 
         if train_window is not None and train_window != window:
             raise ValueError(f"--train-window {train_window} contradicts the checkpoint's "
                              f"model.seq_length={window}; drop the flag for Megatron checkpoints")
-        iteration = read_train_state(path).get("iteration")
+        from pretrain.naming import method_name, size_name
+
+        state = read_train_state(path)
+        # size and method (pretrain/table.py names) let `eval report` pair a run with its baseline, as `eval all` does
         info = RunInfo(name=name or config.name, train_window=window, strategy=config.positions.strategy,
                        seed=config.seed, parameters=config.model.non_embedding_parameters(), source=str(path),
-                       extra={"iteration": iteration, "positions": plain_fields(config.positions),
-                              "data_path": config.data.data_path})
+                       extra={"iteration": state.get("iteration"), "positions": plain_fields(config.positions),
+                              "data_path": config.data.data_path, "consumed_samples": state.get("consumed_samples"),
+                              "size": size_name(config.model),
+                              "method": method_name(config.positions, window, config.model)})
         scaling = _scaling(rope_scaling, factor, window)
         config.model.check_positions(config.positions.strategy, None if scaling is None else scaling.kind)
         if backend == "megatron":

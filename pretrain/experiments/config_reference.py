@@ -67,11 +67,36 @@ def section_table(name: str, cls: type) -> str:
     return "\n".join(rows)
 
 
+def size_table() -> str:
+    """The model sizes a config's top-level `preset:` (or `--set preset=NAME`) starts the model section from."""
+    from pretrain.table import SIZES
+
+    fields = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+    rows = ["## Model sizes (`preset:`)", "",
+            "The top-level `preset` names the size the `model` section starts from (pretrain/table.py `SIZES`); "
+            "the section's own fields win.", "",
+            "| preset | " + " | ".join(f"`{f}`" for f in fields) + " |", "|---" * (len(fields) + 1) + "|"]
+    for name, size in SIZES.items():
+        rows.append(f"| `{name}` | " + " | ".join(str(size.architecture.get(f, "default")) for f in fields) + " |")
+    return "\n".join(rows)
+
+
+def run_preset_section() -> str:
+    """`train CONFIG --preset NAME`: the CPU shrinks of a shipped config (pretrain/trainer/run_presets.py)."""
+    from pretrain.trainer.run_presets import preset_table
+
+    return ("## `train --preset` — a shipped config on CPU\n\n"
+            "`python -m pretrain train 10m_posaug --preset cpu-small --set data.data_path=PREFIX` trains the shipped "
+            "config's method at CPU scale (pretrain/trainer/run_presets.py; `--set` still wins):\n\n"
+            + preset_table())
+
+
 def render() -> str:
     """The whole reference, as docs/config.md holds it."""
     from pretrain.trainer.config import SECTIONS, TrainConfig
 
-    tables = [section_table("", TrainConfig), *(section_table(name, cls) for name, cls in SECTIONS.items())]
+    tables = [section_table("", TrainConfig), *(section_table(name, cls) for name, cls in SECTIONS.items()),
+              size_table(), run_preset_section()]
     return HEADER + "\n" + "\n\n".join(tables) + "\n"
 
 

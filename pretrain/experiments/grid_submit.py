@@ -126,7 +126,7 @@ def _submit(spec: Spec, slurm: Slurm, jobs: dict, live: dict[str, str]) -> None:
             data_dep = slurm.submit("DATA", env, [*_job_common(spec, "data", "data-%j.out"), *REPORT_RESOURCES],
                                     [stage, "data", spec.out])
         else:
-            data_env = {**env, "INPUT": spec.corpus or "<pass --corpus>", "TOKENIZER": spec.tokenizer or "<pass --tokenizer>",
+            data_env = {**env, "INPUT": spec.corpus or "<pass --input>", "TOKENIZER": spec.tokenizer or "<pass --tokenizer>",
                         "DATA_PREFIX": spec.data_prefix}  # placeholders: a dry run before the data exists
             data_dep = slurm.submit("DATA", data_env, _job_common(spec, "data", "data-%j.out"),
                                     [str(ROOT / "slurm" / "data_prep.sh")])

@@ -60,7 +60,7 @@ def prepare_data(out: Path, preset: Preset, corpus: str | None) -> str:
     need = preset.num_spans * preset.eval_length
     if manifest.num_valid_tokens < need:
         raise ValueError(f"the validation stream has {manifest.num_valid_tokens:,} tokens; {preset.num_spans} spans "
-                         f"of {preset.eval_length} need {need:,}: use a larger corpus (--corpus) or fewer spans")
+                         f"of {preset.eval_length} need {need:,}: use a larger corpus (--input) or fewer spans")
     return prefix
 
 
@@ -174,7 +174,7 @@ def evaluate_runs(out: Path, preset: Preset, runs: dict[str, Path], seeds: list[
 
 def summarise(records: list[dict], preset: Preset) -> dict:
     """Per label: mean ± sd over seeds of in-dist/OOD/cliff/penalty/G, cliff SE, paired reduction vs baseline."""
-    from pretrain.evaluation.metrics import in_distribution_penalty, paired_reduction, standard_error
+    from pretrain.evaluation.metrics import in_distribution_penalty, paired_reduction, per_span_cliffs, standard_error
     from pretrain.evaluation.report import mean_std
 
     length = str(preset.eval_length)
@@ -184,8 +184,7 @@ def summarise(records: list[dict], preset: Preset) -> dict:
     baseline = {r["seed"]: r for r in by_label.get("baseline", [])}
 
     def span_cliffs(record: dict) -> torch.Tensor:
-        return (torch.tensor(record["per_span"]["ood"], dtype=torch.float64)
-                - torch.tensor(record["per_span"]["in_dist"], dtype=torch.float64))
+        return per_span_cliffs(record["per_span"])
 
     summary = {}
     for label, group in by_label.items():

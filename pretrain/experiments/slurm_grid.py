@@ -45,7 +45,7 @@ def data_refusal(prefix: str, corpus: str | None, tokenizer: str | None) -> str 
     """Why a paper grid cannot be submitted with these data arguments (one line), or None when it can."""
     if shards_ready(prefix) or (corpus and tokenizer):
         return None
-    return (f"no shards at --data-prefix {prefix} (no manifest): pass --corpus and --tokenizer to build them in a "
+    return (f"no shards at --data-prefix {prefix} (no manifest): pass --input and --tokenizer to build them in a "
             "data_prep job first, or the prefix of existing shards")
 
 
@@ -86,7 +86,7 @@ def make_spec(args: argparse.Namespace) -> Spec:
     if args.preset == PAPER:
         if not args.data_prefix:
             raise ValueError("--preset paper needs --data-prefix: the data_prep --data-prefix of the shards "
-                             "(with --corpus and --tokenizer when they still have to be built)")
+                             "(with --input and --tokenizer when they still have to be built)")
         prefix = str(Path(args.data_prefix).resolve())
         refusal = data_refusal(prefix, args.corpus, args.tokenizer)
         if refusal and not args.dry_run:  # a dry run plans first, then refuses the same way (main)
@@ -96,11 +96,11 @@ def make_spec(args: argparse.Namespace) -> Spec:
             raise ValueError(f"--preset {args.preset} builds its own data under --output (its tokenizer too): "
                              "drop --data-prefix/--tokenizer, or use --preset paper")
         prefix = str(out / "data" / "shards" / "corpus")
-    for flag in ("corpus", "tokenizer"):
-        path = getattr(args, flag)
+    for flag, dest in (("input", "corpus"), ("tokenizer", "tokenizer")):
+        path = getattr(args, dest)
         if path and not Path(path).exists():
             raise ValueError(f"--{flag} {path} does not exist: give the path of an existing "
-                             f"{'corpus file or directory' if flag == 'corpus' else 'tokenizer'}")
+                             f"{'corpus file or directory' if dest == 'corpus' else 'tokenizer'}")
     return Spec(preset=args.preset, out=str(out), sizes=tuple(sizes), methods=tuple(methods), seeds=tuple(seeds),
                 data_prefix=prefix, gpu=args.gpu, sets=tuple(args.set), corpus=args.corpus,
                 tokenizer=args.tokenizer, sbatch=tuple(shlex.split(args.sbatch or "")), mfu=args.mfu,
@@ -131,8 +131,9 @@ def parser() -> Parser:
                    "table1 = the paper's Table 1 tokens, chinchilla = 20 tokens per parameter (default: table1, "
                    "the shipped configs')")
     p.add_argument("--data-prefix", help="paper: the shards' prefix, as given to data_prep build --data-prefix")
-    p.add_argument("--corpus", help="paper: corpus for the data_prep job (when the shards are missing); CPU "
+    p.add_argument("--input", dest="corpus", help="paper: corpus for the data_prep job (when the shards are missing); CPU "
                    "presets: a corpus instead of the embedded one")
+    p.add_deprecated("--corpus", "corpus", "--input")
     p.add_argument("--tokenizer", help="paper: tokenizer for the data_prep job")
     p.add_argument("--sbatch", help="extra sbatch options for every job, e.g. \"--partition=gpu --account=x\"")
     p.add_argument("--dry-run", action="store_true", help="print the plan and every sbatch command; submit nothing "

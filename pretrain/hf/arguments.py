@@ -6,6 +6,8 @@ invocation answer in well under a second; export_cli / import_cli then parse the
 
 from __future__ import annotations
 
+import argparse
+
 from pretrain.cli import Parser, add_set
 
 # Copies of megatron_ext.positions.scaling's tables (that package imports torch);
@@ -25,7 +27,10 @@ def export_parser() -> Parser:
     parser = Parser(prog="python -m pretrain export-hf",
                     description="`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama "
                                 "(or Qwen2) directory.")
-    parser.add_argument("--checkpoint", required=True, help="run directory (its latest) or an iter_* directory")
+    # SUPPRESS: an absent positional must not overwrite what the deprecated --checkpoint stored
+    parser.add_argument("checkpoint", nargs="?", default=argparse.SUPPRESS, metavar="RUN",
+                        help="run directory (its latest) or an iter_* directory, as `eval run` and `runs` take it")
+    parser.add_deprecated("--checkpoint", "checkpoint", "the run as the first argument: export-hf RUN --output DIR")
     parser.add_argument("--output", required=True, help="directory to write (must be empty unless --overwrite)")
     parser.add_argument("--tokenizer", help="tokenizer.json, SentencePiece .model, vocab.json+merges.txt dir, or "
                         "an HF tokenizer dir (shipped unchanged; default: an imported model's files, else the "
@@ -37,6 +42,8 @@ def export_parser() -> Parser:
     parser.add_argument("--factor", type=float, help="scaling factor (>= 1) for --rope-scaling")
     parser.add_argument("--eval-length", type=int, help="RFS: evaluation length n_eval the linear factor "
                         "max(n_train, n_eval) / L is computed for (default: training window × 8)")
+    parser.add_argument("--max-position-embeddings", type=int, help="config.json's context length (default: "
+                        "what the method serves, e.g. PosAug alpha_max x window; table in pretrain/hf/context.py)")
     parser.add_argument("--max-shard-size", default="2GB", help="shard model.safetensors above this size")
     parser.add_argument("--dtype", choices=EXPORT_DTYPES, default="float32")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")

@@ -26,6 +26,7 @@ from pretrain.faults import human_bytes, naming_output
 from data_prep.overlap import check_apart
 from megatron_ext.model import ModelConfig
 from megatron_ext.positions import RopeScaling
+from pretrain.hf.context import served_length
 from pretrain.hf.model_card import model_card
 from pretrain.hf.rope import exported_scaling_record, hf_rope_fields, rope_scaling_for
 from pretrain.hf.tokenizer import copy_tokenizer_files, hf_tokenizer, special_token_ids
@@ -302,7 +303,8 @@ class _TokenizerSource:
 def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: str | None = None,
                       no_tokenizer: bool = False, rope_scaling: str | None = None, factor: float | None = None,
                       eval_length: int | None = None, max_shard_size: str | int = "2GB",
-                      dtype: str = "float32", overwrite: bool = False) -> Path:
+                      dtype: str = "float32", overwrite: bool = False,
+                      max_position_embeddings: int | None = None) -> Path:
     """Write a `LlamaForCausalLM` / `Qwen2ForCausalLM` directory (config, safetensors, generation config, tokenizer, README)."""
     from transformers import GenerationConfig
 
@@ -310,7 +312,7 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     from pretrain.trainer import config as config_module
 
     output = Path(output)
-    check_apart(output, {"--checkpoint": checkpoint, "the checkpoint's run directory": ckpt.resolve(checkpoint).parent,
+    check_apart(output, {"the run directory": checkpoint, "the checkpoint's run directory": ckpt.resolve(checkpoint).parent,
                          "--tokenizer": tokenizer})
     check_output(output, overwrite)
     record = ckpt.read_train_state(checkpoint)
@@ -320,6 +322,10 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     source = _TokenizerSource(record, ckpt.resolve(checkpoint).parent, tokenizer, no_tokenizer,
                               train_config.model.vocab_size)
     scaling = rope_scaling_for(train_config, kind=rope_scaling, factor=factor, eval_length=eval_length)
+    rope_fields = hf_rope_fields(train_config.model, scaling)
+    # The length tools size their context from (pretrain.hf.context); RoPE numerics stay rope_fields'.
+    rope_fields["max_position_embeddings"] = served_length(train_config, scaling, rope_fields,
+                                                           eval_length=eval_length, override=max_position_embeddings)
 
     state, train_config, record = load_checkpoint_state(checkpoint)
     metadata = training_metadata(record, train_config, scaling)
@@ -348,10 +354,11 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
             # transformers 5.x serialises only rope_parameters: add the 4.x fields (see pretrain.hf.rope).
             config_file = tmp / "config.json"
             config = json.loads(config_file.read_text())
-            config.update(hf_rope_fields(train_config.model, scaling))
+            config.update(rope_fields)
             config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
             source.write(tmp)
-            (tmp / "README.md").write_text(model_card(train_config, record, scaling, eval_length))
+            (tmp / "README.md").write_text(model_card(train_config, record, scaling, eval_length,
+                                                        rope_fields["max_position_embeddings"]))
             publish(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -363,12 +370,16 @@ def export_cli(argv: list[str]) -> int:
     """`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama (or Qwen2) directory."""
     from pretrain.hf.arguments import export_parser
 
-    args = export_parser().parse_args(argv)
+    parser = export_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "checkpoint", None) is None:
+        parser.error("the run to export is missing: python -m pretrain export-hf RUN --output DIR")
     try:
         path = export_checkpoint(args.checkpoint, args.output, tokenizer=args.tokenizer,
                                  no_tokenizer=args.no_tokenizer, rope_scaling=args.rope_scaling,
                                  factor=args.factor, eval_length=args.eval_length,
-                                 max_shard_size=args.max_shard_size, dtype=args.dtype, overwrite=args.overwrite)
+                                 max_shard_size=args.max_shard_size, dtype=args.dtype, overwrite=args.overwrite,
+                                 max_position_embeddings=args.max_position_embeddings)
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as error:
         print(f"export-hf: error: {error}", file=sys.stderr)
         return 2

@@ -178,7 +178,9 @@ def model_config_from_hf(hf_config, *, seq_length: int | None = None,
         ffn_hidden_size=int(need("intermediate_size")), num_attention_heads=heads,
         num_query_groups=int(get("num_key_value_heads") or heads),
         kv_channels=int(get("head_dim") or int(need("hidden_size")) // heads),
-        seq_length=int(seq_length or need("max_position_embeddings")), vocab_size=int(need("vocab_size")),
+        # Our exports announce the served length there (pretrain.hf.context) and record the window apart.
+        seq_length=int(seq_length or (get("posaug_training") or {}).get("train_seq_length")
+                       or need("max_position_embeddings")), vocab_size=int(need("vocab_size")),
         make_vocab_size_divisible_by=make_vocab_size_divisible_by, rotary_base=theta,
         rotary_interleaved=False, layernorm_epsilon=float(need("rms_norm_eps")),
         init_method_std=float(get("initializer_range", 0.02)),

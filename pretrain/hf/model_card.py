@@ -55,7 +55,8 @@ def _scaling_lines(train_config, scaling: RopeScaling | None, eval_length: int |
             f"factor {scaling.factor:g}, original window {window} (chosen at export, not part of training)."]
 
 
-def model_card(train_config, record: dict, scaling: RopeScaling | None, eval_length: int | None) -> str:
+def model_card(train_config, record: dict, scaling: RopeScaling | None, eval_length: int | None,
+               served: int | None = None) -> str:
     """The export's README.md text."""
     model, positions = train_config.model, train_config.positions
     architecture = "A Qwen2-architecture (`Qwen2ForCausalLM`)" if model.add_qkv_bias else \
@@ -89,5 +90,9 @@ def model_card(train_config, record: dict, scaling: RopeScaling | None, eval_len
              f"({model.num_query_groups} key/value groups), vocabulary {model.vocab_size}.",
              *(own or _scaling_lines(train_config, scaling, eval_length)),
              *needs,
+             *([] if served is None else [
+                 f"- config.json's max_position_embeddings = {served}: the context this model is meant to serve "
+                 "(the rule per method: pretrain/hf/context.py); its training window is "
+                 "`posaug_training.train_seq_length`."]),
              "- The full positions section is in config.json under `posaug_training`.", "", USAGE]
     return "\n".join(lines)

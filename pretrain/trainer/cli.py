@@ -6,6 +6,7 @@ import os
 import sys
 
 from pretrain.cli import Parser, add_config, add_set, config_of
+from pretrain.trainer.run_presets import RUN_PRESETS
 
 
 def parser() -> Parser:
@@ -14,6 +15,9 @@ def parser() -> Parser:
                "strategy.")
     add_config(p)
     add_set(p, dest="overrides", help="override a config field")
+    p.add_argument("--preset", choices=tuple(RUN_PRESETS),
+                   help="shrink the config to a CPU run: local layers, fp32, the preset's size, window, budget and "
+                        "warm-up, the data's vocabulary (table: docs/config.md; --set still wins)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--check", action="store_true",
                    help="check the config, the data (manifest, shards, tokenizer vocabulary vs model.vocab_size) "
@@ -35,6 +39,20 @@ def check_data(config) -> None:
                              f"set model.vocab_size={manifest.vocab_size} or build the data with the model's tokenizer")
 
 
+# Set by pretrain.preflight: the launchers' pre-flight on a login node (no GPU) leaves the device check to the job.
+DEVICE_CHECK_IN_JOB = "POSAUG_DEVICE_CHECK_IN_JOB"
+
+
+def check_device(config) -> None:
+    """ValueError naming the fix when this machine cannot run the config (Transformer Engine without CUDA)."""
+    from megatron_ext.model import check_runtime
+
+    try:
+        check_runtime(config.model)
+    except RuntimeError as error:
+        raise ValueError(str(error)) from None
+
+
 def main(argv: list[str]) -> int:
     """CLI for `python -m pretrain train`: bad input is one line and exit code 2."""
     args = parser().parse_args(argv)
@@ -48,12 +66,19 @@ def main(argv: list[str]) -> int:
     from pretrain.trainer.loop import run_cli
 
     try:
-        config = config_module.load(path, args.overrides)
+        overrides = args.overrides
+        if args.preset:
+            from pretrain.trainer.run_presets import preset_overrides
+
+            overrides = preset_overrides(args.preset, path, overrides)
+        config = config_module.load(path, overrides)
         if args.print_config:
             print(config_module.dump(config))
             print(f"iterations: {config.train_iters()} ({config.train_tokens():,} tokens)")
             return 0
         config.validate(int(os.environ.get("WORLD_SIZE", "1")))
+        if not (args.check and os.environ.get(DEVICE_CHECK_IN_JOB)):
+            check_device(config)
         if args.check:
             check_data(config)
             print(f"check: config, data and layout are fine for {os.environ.get('WORLD_SIZE', '1')} rank(s)")

@@ -164,6 +164,10 @@ class Metrics:
             return value
         self.mfu_dropped = True
         forgotten = self.rank == 0 and forget(self.peak)
+        if self.peak.under_load:  # a peak timed on shared cores: the MFU is noise, not a fault worth a warning
+            self.console(f"MFU not reported from here: its peak was {self.peak.under_load}, so it means little"
+                         + ("; removed from the cache" if forgotten else "") + " (logging.peak_tflops sets one)")
+            return None
         self.console(f"warning: MFU {100 * value:.3g}% is impossible, so the peak of {self.peak.tflops:.3g} TFLOP/s "
                      f"({self.peak.describe()}) is wrong: MFU is not reported for the rest of this run"
                      + ("; removed from the cache, the next run measures again" if forgotten else "")

@@ -8,6 +8,9 @@ load average it was measured under. A single short measurement under a passing l
 CPU MFU noise that looked like a number (98.6 % in one demo run); the median of repeats is
 stable, and the cache makes every run of a machine use the same peak. A peak shown wrong
 (MFU above 100 %) is removed from the cache by `forget`, so the next run measures again.
+A CPU peak timed with more runnable processes than cores (load average >= cores) shared its cores: it
+comes out low, so an impossible MFU against it says nothing about the run (`Peak.under_load` names it, and
+the trainer then drops MFU with a note instead of a warning).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Peak:
     detail: str = ""  # what was measured, or which table entry
     measured_at: str | None = None  # ISO time of the measurement (measured / cached)
     key: str | None = None  # the cache key (measured / cached)
+    under_load: str | None = None  # a CPU peak timed on shared cores: why it means little, else None
 
     def describe(self) -> str:
         """Where the peak came from, for the console."""
@@ -159,14 +163,23 @@ def _write_cache(path: Path, cache: dict) -> str | None:
     return None
 
 
+def shared_cores(load: object, device: str) -> str | None:
+    """Why a matmul timing on `device` under this load average means little (CPU cores shared), else None."""
+    cores = os.cpu_count() or 1
+    if device == "cpu" and isinstance(load, (int, float)) and load >= cores:  # NaN compares False
+        return f"timed at load average {load:.1f} on {cores} cores"
+    return None
+
+
 def measured_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], directory: Path | None = None) -> Peak:
     """The cached measurement for this machine and these shapes, else a fresh one (then cached)."""
     path = (directory or cache_dir()) / CACHE_FILE
     key = cache_key(dtype, shapes)
     entry = _read_cache(path).get(key)
-    if isinstance(entry, dict) and isinstance(entry.get("tflops"), (int, float)) and entry["tflops"] > 0:
-        return Peak(float(entry["tflops"]), "cached", entry.get("detail", ""), entry.get("measured_at"), key)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(entry, dict) and isinstance(entry.get("tflops"), (int, float)) and entry["tflops"] > 0:
+        return Peak(float(entry["tflops"]), "cached", entry.get("detail", ""), entry.get("measured_at"), key,
+                    shared_cores(entry.get("load_average"), device))
     tflops, repeats = measure_matmul_tflops(shapes, dtype, device)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     threads = "" if device == "cuda" else f"{torch.get_num_threads()}-thread "
@@ -177,7 +190,7 @@ def measured_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]], direct
     cache[key] = {"tflops": tflops, "measured_at": measured_at, "load_average": load, "detail": detail}
     not_cached = _write_cache(path, cache)
     return Peak(tflops, "measured now", detail + (f"; not cached: {not_cached}" if not_cached else ""), measured_at,
-                None if not_cached else key)
+                None if not_cached else key, shared_cores(load, device))
 
 
 def forget(peak: Peak, directory: Path | None = None) -> bool:

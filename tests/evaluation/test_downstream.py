@@ -61,7 +61,7 @@ def _stock_lm_eval(model_dir, task, tasks_dir, **kwargs):
 
 def test_checkpoint_and_its_hf_export_give_identical_acc_and_acc_norm(run, export, tasks, tmp_path, capsys):
     assert eval_cli(["downstream", str(run), "--tasks", MC_TASK, "--include-path", str(tasks),
-                     "--out", str(tmp_path)]) == 0
+                     "--output", str(tmp_path)]) == 0
     (written,) = tmp_path.glob("lm_eval_*.json")
     ours = json.loads(written.read_text())["results"][MC_TASK]
     theirs = _stock_lm_eval(export, MC_TASK, tasks)["results"][MC_TASK]
@@ -74,7 +74,7 @@ def test_console_ends_with_lm_evals_own_table_of_the_written_results(run, tasks,
     from lm_eval.utils import make_table
 
     assert eval_cli(["downstream", str(run), "--tasks", f"{MC_TASK},{PPL_TASK}", "--include-path", str(tasks),
-                     "--out", str(tmp_path)]) == 0
+                     "--output", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     (written,) = tmp_path.glob("lm_eval_*.json")
     results = json.loads(written.read_text())
@@ -133,7 +133,7 @@ def test_a_dataset_that_cannot_be_had_is_one_line_naming_the_task_and_exit_2(run
                                                                                dataset_path, data_files):
     include = write_broken_task(tmp_path / "tasks", "broken_task", dataset_path, data_files)
     assert eval_cli(["downstream", str(run), "--tasks", "broken_task", "--include-path", str(include),
-                     "--out", str(tmp_path / "out")]) == 2
+                     "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: task broken_task: its dataset could not be loaded") and err.count("\n") == 1
     assert "--include-path" in err and not list(tmp_path.glob("out/*.json"))

@@ -96,7 +96,7 @@ def test_eval_report_shows_accuracy_and_delta_vs_the_baseline(grid, tmp_path, ca
     root, tasks_dir = grid
     assert _all(root, tasks_dir, MC_TASK) == 0
     capsys.readouterr()
-    assert eval_cli(["report", str(root / "eval_records"), "--out", str(tmp_path)]) == 0
+    assert eval_cli(["report", str(root / "eval_records"), "--output", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"| size | method | n | {MC_TASK} acc_norm | Δ {MC_TASK} |" in out
     assert "| tiny | baseline | 1 |" in out and "(baseline) |" in out

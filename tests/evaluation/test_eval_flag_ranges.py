@@ -20,7 +20,7 @@ def test_an_out_of_range_flag_is_refused_naming_it(tmp_path, flag, value, messag
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     args = ["--lengths", "32"] if flag != "--lengths" else []
     proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", "run", str(tmp_path / "model"), "--data",
-                           str(tmp_path / "text.txt"), *args, flag, value, "--out", str(tmp_path / "out")],
+                           str(tmp_path / "text.txt"), *args, flag, value, "--output", str(tmp_path / "out")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]

@@ -33,7 +33,7 @@ def config_only_run(tmp_path):
 
 def test_a_length_that_cannot_fit_is_refused_in_one_line_before_the_model_is_read(config_only_run, tmp_path, capsys):
     code = eval_cli(["run", str(config_only_run), "--data", str(tmp_path / "no_data"), "--lengths", "10000000000",
-                     "--num-spans", "1", "--out", str(tmp_path / "out"), "--no-progress"])
+                     "--num-spans", "1", "--output", str(tmp_path / "out"), "--no-progress"])
     errors = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(errors) == 1, errors
     assert errors[0].startswith("error: --lengths 10000000000 needs about") and "largest length that fits" in errors[0]
@@ -43,7 +43,7 @@ def test_the_largest_length_named_in_the_refusal_fits_and_one_more_token_does_no
     from pretrain.evaluation.memory import available_bytes
 
     eval_cli(["run", str(config_only_run), "--data", str(tmp_path / "no_data"), "--lengths", "10000000000",
-              "--num-spans", "1", "--out", str(tmp_path / "out")])
+              "--num-spans", "1", "--output", str(tmp_path / "out")])
     fits = int(capsys.readouterr().err.split("largest length that fits is about ")[1].split()[0])
     shape, budget = model_shape(config_only_run), available_bytes("cpu")
     # the budget moves with other processes between the refusal and this check: 1 % slack

@@ -230,7 +230,7 @@ def test_cli_evaluates_an_hf_directory_on_a_text_file_and_reports(scorers, token
     code = eval_cli([str(model_dir), "--data", str(tmp_path / "text.jsonl"), "--train-window", str(W),
                      "--lengths", "64", "--num-spans", "2", "--context-gain", "48,64", "--gain-window", "16",
                      "--passkey-lengths", "400", "--passkey-n", "1", "--entropy-spans", "1",
-                     "--out", str(tmp_path / "records"), "--no-progress"])
+                     "--output", str(tmp_path / "records"), "--no-progress"])
     assert code == 0
     record = json.loads((tmp_path / "records" / "hf_s1.json").read_text())
     assert record["label"] == "hf" and len(record["lengths"]["64"]["curve"]) == 63
@@ -238,7 +238,7 @@ def test_cli_evaluates_an_hf_directory_on_a_text_file_and_reports(scorers, token
     stream = load_stream(str(tmp_path / "text.jsonl"), str(model_dir))
     expected = per_position_loss(scorers[1], eval_spans(stream, 2, 64)).double().mean().item()
     assert record["lengths"]["64"]["loss"] == pytest.approx(expected, abs=1e-6)
-    assert eval_cli(["report", str(tmp_path / "records"), "--out", str(tmp_path / "report")]) == 0
+    assert eval_cli(["report", str(tmp_path / "records"), "--output", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "summary.md").read_text().startswith("| run |")
     assert (tmp_path / "report" / "loss_curves.png").stat().st_size > 200
 

@@ -17,11 +17,11 @@ def test_eval_run_to_a_read_only_out_directory_fails_before_evaluating(small_dis
     disk.read_only()
     # the model does not even exist: the output directory is checked first, before any loading or scoring
     code = eval_cli(["run", str(tmp_path / "no_model"), "--data", str(tmp_path / "no_data"), "--lengths", "64",
-                     "--out", str(disk.path / "records")])
+                     "--output", str(disk.path / "records")])
     assert code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"error: evaluation output directory ({disk.path}/records): Read-only file system")
-    assert "--out on a larger disk" in line
+    assert "--output on a larger disk" in line
     assert file_hashes(disk.path) == {}
 
 
@@ -29,7 +29,7 @@ def test_eval_all_into_a_full_disk_fails_before_evaluating(small_disk, tmp_path,
     disk = small_disk("256k")
     disk.fill()
     (tmp_path / "runs").mkdir()
-    code = eval_cli(["all", str(tmp_path / "runs"), "--lengths", "64", "--out", str(disk.path / "records")])
+    code = eval_cli(["all", str(tmp_path / "runs"), "--lengths", "64", "--output", str(disk.path / "records")])
     assert code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert f"evaluation output directory ({disk.path}/records): No space left on device" in line

@@ -39,7 +39,7 @@ def paper_dry_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("paper")
     corpus, tokenizer = _corpus_and_tokenizer(root)
     proc = reproduce("--dry-run", "--output", str(root / "grid"), "--data-prefix", str(root / "shards" / "owt"),
-                     "--corpus", corpus, "--tokenizer", tokenizer)
+                     "--input", corpus, "--tokenizer", tokenizer)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     commands = [line for line in proc.stdout.splitlines() if re.match(r"^\w+=\$\(", line)]
     return root, proc.stdout, {line.split("=", 1)[0]: line for line in commands}
@@ -98,7 +98,7 @@ def test_paper_dry_run_total_gpu_hours_are_plan_sweeps_times_the_seeds(paper_dry
 def test_a_grid_whose_runs_do_not_fit_is_refused_in_one_line_and_writes_nothing(tmp_path):
     corpus, tokenizer = _corpus_and_tokenizer(tmp_path)
     proc = reproduce("--sizes", "10m", "--set", "schedule.micro_batch_size=128", "--output", str(tmp_path / "grid"),
-                     "--data-prefix", str(tmp_path / "owt"), "--corpus", corpus, "--tokenizer", tokenizer)
+                     "--data-prefix", str(tmp_path / "owt"), "--input", corpus, "--tokenizer", tokenizer)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: the grid does not fit, nothing was submitted: 10m_baseline: predicted peak")
@@ -113,8 +113,8 @@ def test_a_grid_whose_runs_do_not_fit_is_refused_in_one_line_and_writes_nothing(
     (["--sizes", "7b"], "error: --sizes 7b: the paper grid has sizes 10m, 42m, 113m, 425m, 1b"),
     (["--seeds", "42,42"], "error: --seeds 42,42: a seed appears twice"),
     ([], "error: --preset paper needs --data-prefix"),
-    (["--data-prefix", "/d/owt", "--corpus", "/nonexistent/c", "--tokenizer", "/nonexistent/t"],
-     "error: --corpus /nonexistent/c does not exist"),
+    (["--data-prefix", "/d/owt", "--input", "/nonexistent/c", "--tokenizer", "/nonexistent/t"],
+     "error: --input /nonexistent/c does not exist"),
     (["--preset", "cpu-tiny", "--tokenizer", "/t"], "error: --preset cpu-tiny builds its own data"),
 ])
 def test_bad_grid_arguments_are_one_line_naming_the_flag(tmp_path, capsys, args, message):
@@ -133,7 +133,7 @@ def test_the_former_name_of_the_baseline_is_refused_naming_the_current_one(tmp_p
 def test_a_submission_without_shards_or_the_means_to_build_them_is_refused(tmp_path, capsys):
     assert grid_main(["--slurm", "--output", str(tmp_path / "grid"), "--data-prefix", "/nonexistent/owt"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: no shards at --data-prefix /nonexistent/owt (no manifest): pass --corpus and "
+    assert err.startswith("error: no shards at --data-prefix /nonexistent/owt (no manifest): pass --input and "
                           "--tokenizer") and not (tmp_path / "grid").exists()
 
 
@@ -151,7 +151,7 @@ def test_a_dry_run_before_the_shards_exist_plans_then_refuses_as_the_submission_
     assert re.search(r"^10m_posaug ", proc.stdout, re.M)  # the plan and the commands come first
     assert "# dry run: " in proc.stdout and "nothing submitted" in proc.stdout
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr == (f"error: no shards at --data-prefix {tmp_path / 'owt'} (no manifest): pass --corpus and "
+    assert proc.stderr == (f"error: no shards at --data-prefix {tmp_path / 'owt'} (no manifest): pass --input and "
                            "--tokenizer to build them in a data_prep job first, or the prefix of existing shards\n")
     assert not (tmp_path / "grid").exists()
 

@@ -25,7 +25,7 @@ def checkpoint(megatron_world, tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_dir(checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "hf"
-    assert export_cli(["--checkpoint", checkpoint, "--output", str(out), "--no-tokenizer"]) == 0
+    assert export_cli([checkpoint, "--output", str(out), "--no-tokenizer"]) == 0
     return out
 
 
@@ -44,12 +44,12 @@ def leftovers(directory) -> list[str]:
 def test_export_to_a_full_disk_keeps_the_previous_export_and_leaves_no_partial_directory(checkpoint, hf_dir,
                                                                                         small_disk, capsys):
     disk = small_disk(f"{sum(p.stat().st_size for p in hf_dir.iterdir()) * 3 // 2 // 1024}k")
-    code = export_cli(["--checkpoint", checkpoint, "--output", str(disk.path / "hf"), "--no-tokenizer"])
+    code = export_cli([checkpoint, "--output", str(disk.path / "hf"), "--no-tokenizer"])
     assert code == 0, "room for one export"
     capsys.readouterr()
     before = file_hashes(disk.path / "hf")
 
-    code = export_cli(["--checkpoint", checkpoint, "--output", str(disk.path / "hf"), "--no-tokenizer",
+    code = export_cli([checkpoint, "--output", str(disk.path / "hf"), "--no-tokenizer",
                        "--overwrite"])
 
     line = one_error_line(code, capsys, "export-hf")
@@ -63,7 +63,7 @@ def test_export_to_a_full_disk_keeps_the_previous_export_and_leaves_no_partial_d
 def test_export_to_a_read_only_disk_is_one_line_exit_2(checkpoint, small_disk, capsys):
     disk = small_disk("1m")
     disk.read_only()
-    code = export_cli(["--checkpoint", checkpoint, "--output", str(disk.path / "hf"), "--no-tokenizer"])
+    code = export_cli([checkpoint, "--output", str(disk.path / "hf"), "--no-tokenizer"])
     line = one_error_line(code, capsys, "export-hf")
     assert f"({disk.path}/hf): Read-only file system while writing" in line and f"make {disk.path} writable" in line
     assert file_hashes(disk.path) == {}

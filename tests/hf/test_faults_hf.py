@@ -110,7 +110,7 @@ def test_dynamic_ntk_hf_scores_are_equal_on_every_call_and_batch_size(checkpoint
 
 
 def test_rfs_export_below_the_rfs_range_is_refused_with_the_length_to_use(checkpoints, tmp_path, capsys):
-    code = export_cli(["--checkpoint", checkpoints["rfs"], "--output", str(tmp_path / "hf"), "--no-tokenizer",
+    code = export_cli([checkpoints["rfs"], "--output", str(tmp_path / "hf"), "--no-tokenizer",
                        "--eval-length", "64"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--eval-length 100" in err
@@ -131,7 +131,7 @@ def test_import_then_export_keeps_tokenizer_files_and_special_token_ids_bit_for_
     from transformers import AutoTokenizer
 
     import_hf(hf_llama_dir, tmp_path / "run")
-    assert export_cli(["--checkpoint", str(tmp_path / "run"), "--output", str(tmp_path / "hf")]) == 0
+    assert export_cli([str(tmp_path / "run"), "--output", str(tmp_path / "hf")]) == 0
     names = [n for n in TOKENIZER_FILES if (hf_llama_dir / n).is_file()]
     assert "tokenizer.model" in names
     assert [n for n in TOKENIZER_FILES if (tmp_path / "hf" / n).is_file()] == names
@@ -148,7 +148,7 @@ def test_import_then_export_keeps_tokenizer_files_and_special_token_ids_bit_for_
 
 def test_export_with_an_hf_tokenizer_directory_ships_its_files_unchanged(checkpoints, hf_llama_dir, tmp_path):
     # How a model fine-tuned from an import (a new run dir) gets the original tokenizer back.
-    assert export_cli(["--checkpoint", checkpoints["posaug"], "--output", str(tmp_path / "hf"),
+    assert export_cli([checkpoints["posaug"], "--output", str(tmp_path / "hf"),
                        "--tokenizer", str(hf_llama_dir)]) == 0
     names = [n for n in TOKENIZER_FILES if (hf_llama_dir / n).is_file()]
     assert all((hf_llama_dir / n).read_bytes() == (tmp_path / "hf" / n).read_bytes() for n in names)
@@ -203,7 +203,7 @@ def test_export_refuses_a_model_whose_position_embedding_is_not_rope(checkpoints
     state = json.loads(state_file.read_text())
     state["config"]["model"]["position_embedding_type"] = kind
     state_file.write_text(json.dumps(state))
-    code = export_cli(["--checkpoint", str(run), "--output", str(tmp_path / "hf"), "--no-tokenizer"])
+    code = export_cli([str(run), "--output", str(tmp_path / "hf"), "--no-tokenizer"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"position_embedding_type={kind!r}" in err and "needs rope" in err

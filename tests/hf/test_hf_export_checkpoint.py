@@ -70,13 +70,13 @@ def test_auto_model_logits_equal_megatron_logits(checkpoints, tmp_path, name):
 def test_export_directory_has_config_generation_config_tokenizer_and_sharded_weights(
         checkpoints, tokenizer_files, tmp_path):
     files, _ = tokenizer_files
-    code = export_cli(["--checkpoint", str(Path(checkpoints["tp2pp2_gqa_tied"]).parent), "--output",
+    code = export_cli([str(Path(checkpoints["tp2pp2_gqa_tied"]).parent), "--output",
                        str(tmp_path / "hf"), "--tokenizer", files["sentencepiece-bpe"], "--max-shard-size", "100KB"])
     assert code == 0
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["num_key_value_heads"], config["head_dim"], config["rms_norm_eps"]) == (2, 16, 1e-5)
     assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
-    assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == 32
+    assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == 8 * 32  # PosAug: 8w
     assert (config["bos_token_id"], config["eos_token_id"], config["vocab_size"]) == (1, 2, VOCAB)
     assert config["posaug_training"]["strategy"] == "posaug"
     generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
@@ -147,7 +147,7 @@ def hf_llama_dir(tmp_path_factory, tokenizer_files):
     return save_hf_llama(tmp_path_factory.mktemp("llama"), tokenizer_files[0]["sentencepiece-bpe"])
 
 
-def assert_same_weights_and_architecture(original, exported):
+def assert_same_weights_and_architecture(original, exported, served=None):
     a, b = read_hf_weights(original), read_hf_weights(exported)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
@@ -155,12 +155,15 @@ def assert_same_weights_and_architecture(original, exported):
             "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_parameters", "tie_word_embeddings",
             "max_position_embeddings")
     ca, cb = (json.loads((p / "config.json").read_text()) for p in (Path(original), Path(exported)))
+    if served is not None:  # a run set to another method announces the context that method serves
+        assert cb.pop("max_position_embeddings") == served
+        keys = tuple(k for k in keys if k != "max_position_embeddings")
     assert {k: ca[k] for k in keys} == {k: cb[k] for k in keys}
 
 
 def test_import_then_export_is_bit_identical(megatron_world, hf_llama_dir, tmp_path):
     import_hf(hf_llama_dir, tmp_path / "run")
-    assert export_cli(["--checkpoint", str(tmp_path / "run"), "--output", str(tmp_path / "hf")]) == 0
+    assert export_cli([str(tmp_path / "run"), "--output", str(tmp_path / "hf")]) == 0
     assert_same_weights_and_architecture(hf_llama_dir, tmp_path / "hf")
 
 
@@ -168,19 +171,19 @@ def test_import_under_tensor_parallel_then_export_is_bit_identical(megatron_worl
     run_torchrun("tests/distributed/hf_import.py", 2, "--hf", str(hf_llama_dir), "--output", str(tmp_path / "run"),
                  "--tp", "2", "--set", "positions.strategy=posaug", timeout=180)
     export_checkpoint(tmp_path / "run", tmp_path / "hf")
-    assert_same_weights_and_architecture(hf_llama_dir, tmp_path / "hf")
+    assert_same_weights_and_architecture(hf_llama_dir, tmp_path / "hf", served=8 * 32)  # PosAug: alpha_max * w
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["posaug_training"]["strategy"] == "posaug"
 
 
 def test_missing_tokenizer_is_refused_with_the_flags_to_use(checkpoints, tmp_path, capsys):
-    assert export_cli(["--checkpoint", checkpoints["tp1_mha_tied"], "--output", str(tmp_path / "hf")]) == 2
+    assert export_cli([checkpoints["tp1_mha_tied"], "--output", str(tmp_path / "hf")]) == 2
     assert "--tokenizer PATH" in capsys.readouterr().err and not (tmp_path / "hf").exists()
 
 
 def test_non_empty_output_is_refused_without_overwrite(checkpoints, tmp_path, capsys):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "keep.txt").write_text("mine")
-    args = ["--checkpoint", checkpoints["tp1_mha_tied"], "--output", str(tmp_path / "hf"), "--no-tokenizer"]
+    args = [checkpoints["tp1_mha_tied"], "--output", str(tmp_path / "hf"), "--no-tokenizer"]
     assert export_cli(args) == 2 and "--overwrite" in capsys.readouterr().err
     assert export_cli(args + ["--overwrite"]) == 0 and not (tmp_path / "hf" / "keep.txt").exists()
 

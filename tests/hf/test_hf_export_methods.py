@@ -160,7 +160,7 @@ def test_prope_export_without_proportional_rope_is_one_line_exit_2_naming_the_ve
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     monkeypatch.delitem(ROPE_INIT_FUNCTIONS, "proportional", raising=False)
-    code = export_cli(["--checkpoint", trained["prope"], "--output", str(tmp_path / "hf"), "--no-tokenizer"])
+    code = export_cli([trained["prope"], "--output", str(tmp_path / "hf"), "--no-tokenizer"])
     line = _assert_one_line_refusal(code, capsys)
     assert "p-RoPE (model.rope_proportion=0.75)" in line and "'proportional'" in line
     assert f"pip install 'transformers>={PROPORTIONAL_ROPE_SINCE}'" in line
@@ -208,7 +208,7 @@ def test_under_transformers_4_nope_interleaved_exports_to_equal_logits_and_prope
         return subprocess.run([sys.executable, *args], env=env, cwd=repo, capture_output=True, text=True,
                               timeout=300)
 
-    refused = run("-m", "pretrain", "export-hf", "--checkpoint", trained["prope"], "--output",
+    refused = run("-m", "pretrain", "export-hf", trained["prope"], "--output",
                   str(tmp_path / "prope"), "--no-tokenizer")
     errors = [line for line in refused.stderr.splitlines() if "error:" in line]
     assert refused.returncode == 2 and "Traceback" not in refused.stderr and len(errors) == 1, refused.stderr[-3000:]
@@ -216,7 +216,7 @@ def test_under_transformers_4_nope_interleaved_exports_to_equal_logits_and_prope
     assert not (tmp_path / "prope").exists()
 
     irope = trained["nope_interleave_temperature"]
-    exported = run("-m", "pretrain", "export-hf", "--checkpoint", irope, "--output", str(tmp_path / "irope"),
+    exported = run("-m", "pretrain", "export-hf", irope, "--output", str(tmp_path / "irope"),
                    "--no-tokenizer")
     assert exported.returncode == 0, exported.stderr[-3000:]
     tokens = sample_tokens(32)

@@ -202,7 +202,7 @@ def test_hf_directory_with_llama3_scaling_refuses_an_evaluation_override(hf_dirs
 def test_llama3_model_refuses_a_second_rope_scaling_at_export_and_evaluation(imported, tmp_path, capsys):
     from pretrain.evaluation.scorers import load_scorer
 
-    assert export_cli(["--checkpoint", str(imported["llama3"]), "--output", str(tmp_path / "hf"), "--no-tokenizer",
+    assert export_cli([str(imported["llama3"]), "--output", str(tmp_path / "hf"), "--no-tokenizer",
                        "--rope-scaling", "yarn", "--factor", "2"]) == 2
     assert "one rope type" in capsys.readouterr().err and not (tmp_path / "hf").exists()
     with pytest.raises(ValueError, match="model.use_rope_scaling"):

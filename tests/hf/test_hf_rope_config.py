@@ -85,7 +85,6 @@ def test_export_config_has_the_fields_transformers_4_reads(exports, kind):
     # llama3 needs its own original window and frequency factors, and a larger max_position_embeddings.
     config = json.loads((exports[kind][0] / "config.json").read_text())
     assert isinstance(config["rope_theta"], float) and config["head_dim"] == 16
-    assert config["max_position_embeddings"] == (WINDOW * 4 if kind == "llama3" else WINDOW)
     scaling = config["rope_scaling"]
     if kind == "llama3":
         assert scaling == {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": WINDOW,
@@ -98,6 +97,57 @@ def test_export_config_has_the_fields_transformers_4_reads(exports, kind):
         assert set(scaling) == {"rope_type", "factor"}
         assert isinstance(scaling["factor"], float) and scaling["factor"] >= 1
         assert {k: config["rope_parameters"][k] for k in scaling} == scaling
+
+
+# max_position_embeddings per pretrain.hf.context's table: PosAug serves alpha_max (8) x w, pi/ntk stretch that
+# by their factor, RFS its evaluation length; dynamic/yarn keep w (their formula reads it), llama3 its own length.
+SERVED = {"none": 8 * WINDOW, "pi": 24 * WINDOW, "ntk": 24 * WINDOW, "dynamic_ntk": WINDOW, "yarn": WINDOW,
+          "llama3": 4 * WINDOW, "rfs": 8 * WINDOW}
+
+
+@pytest.mark.parametrize("kind", list(EXPORTS))
+def test_export_announces_the_context_its_method_serves(exports, kind):
+    config = json.loads((exports[kind][0] / "config.json").read_text())
+    assert config["max_position_embeddings"] == SERVED[kind]
+    assert config["posaug_training"]["train_seq_length"] == WINDOW
+
+
+def test_scalings_that_read_the_window_keep_their_original_window(exports):
+    for kind in ("yarn", "llama3"):
+        config = json.loads((exports[kind][0] / "config.json").read_text())
+        assert config["rope_parameters"]["original_max_position_embeddings"] == WINDOW
+
+
+def test_lm_eval_default_max_length_is_the_served_context(exports):
+    from lm_eval.models.huggingface import HFLM
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")))
+    lm = HFLM(pretrained=str(exports["none"][0]), tokenizer=tokenizer, device="cpu", dtype="float32")
+    assert lm.max_length == 8 * WINDOW
+
+
+def test_reimporting_an_export_keeps_the_training_window(exports):
+    from pretrain.hf.importer import model_config_from_hf
+
+    config = json.loads((exports["none"][0] / "config.json").read_text())
+    assert model_config_from_hf(config).seq_length == WINDOW
+
+
+def test_max_position_embeddings_flag_overrides_the_rule(exports, tmp_path):
+    assert export_cli([exports["none"][1], "--output", str(tmp_path / "hf"), "--no-tokenizer",
+                       "--max-position-embeddings", "1000"]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["max_position_embeddings"] == 1000
+
+
+def test_max_position_embeddings_flag_is_refused_where_the_scaling_reads_it(exports, tmp_path, capsys):
+    assert export_cli([exports["none"][1], "--output", str(tmp_path / "hf"), "--no-tokenizer",
+                       "--rope-scaling", "yarn", "--factor", "4", "--max-position-embeddings", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-position-embeddings cannot be set with RoPE scaling 'yarn'" in err
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("kind", list(EXPORTS))
@@ -135,7 +185,7 @@ def test_exports_load_to_the_same_logits_under_transformers_4(exports, tmp_path)
 
 def test_export_cli_accepts_the_hf_scaling_names(exports, tmp_path):
     checkpoint = exports["pi"][1]
-    assert export_cli(["--checkpoint", checkpoint, "--output", str(tmp_path / "hf"), "--no-tokenizer",
+    assert export_cli([checkpoint, "--output", str(tmp_path / "hf"), "--no-tokenizer",
                        "--rope-scaling", "linear", "--factor", "3"]) == 0
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["rope_scaling"] == {"rope_type": "linear", "factor": 3.0}
@@ -144,6 +194,6 @@ def test_export_cli_accepts_the_hf_scaling_names(exports, tmp_path):
 
 def test_unknown_rope_scaling_is_refused_naming_the_kinds(exports, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        export_cli(["--checkpoint", exports["pi"][1], "--output", str(tmp_path / "hf"), "--rope-scaling", "longrope"])
+        export_cli([exports["pi"][1], "--output", str(tmp_path / "hf"), "--rope-scaling", "longrope"])
     assert exit_info.value.code == 2
     assert "none, pi, ntk, dynamic_ntk, yarn" in capsys.readouterr().err.replace("'", "")

@@ -46,7 +46,7 @@ def test_export_hf_refuses_an_output_overlapping_the_checkpoint_and_keeps_the_ru
     output = {"the run": run_dir, "its iter dir": run_dir / "iter_0000002", "the run's parent": run_dir.parent,
               "inside the run": run_dir / "hf"}[where]
     before = file_hashes(run_dir.parent)
-    line = one_error_line(cli("pretrain", "export-hf", "--checkpoint", str(run_dir), "--output", str(output),
+    line = one_error_line(cli("pretrain", "export-hf", str(run_dir), "--output", str(output),
                               "--overwrite", "--no-tokenizer"))
     assert f"--output {output}" in line and ("--checkpoint" in line or "run directory" in line), line
     assert file_hashes(run_dir.parent) == before
@@ -67,7 +67,7 @@ def test_eval_refuses_an_out_directory_inside_the_model_it_scores(run_dir, tmp_p
     text = tmp_path / "eval.txt"
     text.write_text("some text " * 20)
     line = one_error_line(cli("pretrain", "eval", "run", str(run_dir), "--data", str(text), "--lengths", "32",
-                              "--out", str(run_dir / "iter_0000002")))
+                              "--output", str(run_dir / "iter_0000002")))
     assert "--out" in line and "inside MODEL" in line
 
 

@@ -166,7 +166,7 @@ def test_a_grid_with_a_run_that_cannot_fit_submits_nothing_to_the_cluster(cluste
     (tmp_path / "tokenizer.json").write_text("{}")
     proc = subprocess.run([PY, "-m", "pretrain", "reproduce", "--slurm", "--sizes", "10m", "113m", "--methods",
                            "posaug", "--seeds", "42", "--set", "schedule.micro_batch_size=32", "--output",
-                           str(tmp_path / "grid"), "--data-prefix", str(tmp_path / "owt"), "--corpus",
+                           str(tmp_path / "grid"), "--data-prefix", str(tmp_path / "owt"), "--input",
                            str(tmp_path / "corpus"), "--tokenizer", str(tmp_path / "tokenizer.json")],
                           cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2

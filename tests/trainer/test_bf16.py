@@ -88,7 +88,7 @@ def exports(bf16_run, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("bf16_exports")
     for dtype in ("bfloat16", "float32"):
-        assert export_cli(["--checkpoint", str(bf16_run[0]), "--output", str(root / dtype), "--no-tokenizer",
+        assert export_cli([str(bf16_run[0]), "--output", str(root / dtype), "--no-tokenizer",
                            "--dtype", dtype]) == 0
     return {dtype: root / dtype for dtype in ("bfloat16", "float32")}
 
@@ -118,7 +118,7 @@ def test_eval_of_a_bf16_run_gives_finite_per_position_losses(bf16_run, tiny_shar
 
     out = tmp_path / "eval"
     proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", "run", str(bf16_run[0]), "--data", tiny_shards,
-                           "--lengths", "32", "--num-spans", "1", "--backend", "megatron", "--out", str(out),
+                           "--lengths", "32", "--num-spans", "1", "--backend", "megatron", "--output", str(out),
                            "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -137,7 +137,7 @@ def test_bf16_run_started_from_imported_hf_weights_keeps_them(exports, tiny_shar
     run_dir = tmp_path / "run"
     train(tiny_shards, run_dir, 2, f"checkpoint.load={imported}", "optimizer.lr=1e-12", "optimizer.min_lr=0",
           "optimizer.lr_warmup_iters=0")
-    assert export_cli(["--checkpoint", str(run_dir), "--output", str(tmp_path / "hf"), "--no-tokenizer"]) == 0
+    assert export_cli([str(run_dir), "--output", str(tmp_path / "hf"), "--no-tokenizer"]) == 0
     before, after = safetensors_of(exports["float32"]), safetensors_of(tmp_path / "hf")
     for name in before:  # an lr of 1e-12 moves no bf16 weight
         assert torch.equal(after[name], before[name]), name

@@ -133,7 +133,7 @@ def test_eval_on_a_run_whose_only_checkpoint_is_truncated_exits_2(run_dir, tmp_p
     text.write_text("some text to score " * 50)
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", str(run_dir), "--data", str(text),
-                           "--lengths", "32", "--out", str(tmp_path / "out")],
+                           "--lengths", "32", "--output", str(tmp_path / "out")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     line = one_error_line(proc)
     assert "iter_0000004" in line and "__0_0.distcp" in line

@@ -64,3 +64,29 @@ def test_the_measured_shapes_are_the_models_gemms_per_tensor_parallel_rank():
 def test_an_mfu_above_100_percent_is_not_plausible():
     assert plausible_mfu(0.42) and plausible_mfu(1.0)
     assert not plausible_mfu(1.01) and not plausible_mfu(-0.1) and not plausible_mfu(float("nan"))
+
+
+def test_a_cpu_peak_timed_at_a_load_above_the_cores_says_so(tmp_path, monkeypatch):
+    import os
+
+    from pretrain.trainer import peak as peak_module
+
+    monkeypatch.setattr(peak_module.os, "getloadavg", lambda: (4.0 * (os.cpu_count() or 1), 0.0, 0.0))
+    loaded = device_peak(None, MODEL, directory=tmp_path)
+    assert loaded.under_load == f"timed at load average {4.0 * (os.cpu_count() or 1):.1f} on {os.cpu_count()} cores"
+    monkeypatch.setattr(peak_module.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert device_peak(None, MODEL, directory=tmp_path / "quiet").under_load is None
+
+
+def test_an_impossible_mfu_against_a_peak_timed_under_load_is_a_note_not_a_warning(capsys):
+    from pretrain.console import Progress
+    from pretrain.trainer.metrics import Metrics
+    from pretrain.trainer.peak import Peak
+
+    metrics = object.__new__(Metrics)  # only what Metrics.mfu reads: building one starts a run directory
+    metrics.peak = Peak(1e-9, "measured now", under_load="timed at load average 16.0 on 2 cores")
+    metrics.mfu_dropped, metrics.flops_per_token, metrics.world, metrics.rank = False, 1e6, 1, 0
+    metrics.progress = Progress(1, enabled=False)
+    assert metrics.mfu(1000.0) is None and metrics.mfu_dropped
+    out = capsys.readouterr().out
+    assert "warning" not in out and out.startswith("MFU not reported from here: its peak was timed at load average")

@@ -171,7 +171,7 @@ def test_shipped_config_exports_to_hf_or_refuses_in_one_line(shipped_run, tmp_pa
 
     paths, run_dir, _ = shipped_run
     output = tmp_path / "hf"
-    code = export_cli(["--checkpoint", str(run_dir), "--output", str(output), "--no-tokenizer"])
+    code = export_cli([str(run_dir), "--output", str(output), "--no-tokenizer"])
     errors = capsys.readouterr().err.strip().splitlines()
     refusal = EXPORT_REFUSED.get(method_of(paths))
     if refusal is not None:
