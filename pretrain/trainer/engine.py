@@ -13,7 +13,6 @@ the full-length positions, and the loss is reduced over the CP group (megatron_e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -24,23 +23,50 @@ from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
 from megatron_ext.positions.documents import Documents
 from pretrain.trainer.config import OptimizerSettings
+from pretrain.trainer import optimizer_step
 from pretrain.trainer.hang_diagnosis import StepCounters
-from pretrain.trainer.run_dir import any_rank
 
 
-@dataclass
 class StepResult:
     """What one optimizer step reports (loss averaged over microbatches and DP ranks).
 
     A step whose loss or gradients hold NaN/inf applies no update (update_successful=False, as
-    Megatron's optimizer reports a loss-scale overflow) and leaves the LR schedule where it was."""
+    Megatron's optimizer reports a loss-scale overflow) and leaves the LR schedule where it was.
+    Loss, gradient norm, loss scale and skip reason stay on the device until read: the loop reads
+    them at log intervals and on a skipped step, so other steps make one device→host sync."""
 
-    loss: float
-    grad_norm: float
-    lr: float
-    update_successful: bool
-    loss_scale: float = 1.0
-    skip_reason: str | None = None  # why the update was skipped, naming the microbatch when one is known
+    def __init__(self, outcome: optimizer_step.StepOutcome, lr: float, loss_scale: torch.Tensor | float,
+                 num_microbatches: int) -> None:
+        self._outcome, self.lr, self._loss_scale = outcome, lr, loss_scale
+        self.update_successful = not outcome.skipped
+        self._num_microbatches = num_microbatches
+
+    @property
+    def loss(self) -> float:
+        """Mean loss (a device→host read)."""
+        return float(self._outcome.loss)
+
+    @property
+    def grad_norm(self) -> float:
+        """Total gradient norm before clipping; NaN when the skip came before it (a device→host read)."""
+        return float(self._outcome.grad_norm)
+
+    @property
+    def loss_scale(self) -> float:
+        """The optimizer's loss scale (1.0 without fp16)."""
+        return float(self._loss_scale)
+
+    @property
+    def skip_reason(self) -> str | None:
+        """Why the update was skipped, naming the first non-finite microbatch when one is known."""
+        if self.update_successful:
+            return None
+        if self._outcome.overflow:
+            return "the optimizer found inf/NaN gradients (loss-scale overflow)"
+        bad = self._outcome.bad_loss.nonzero()
+        if bad.numel():
+            return f"non-finite loss in microbatch {int(bad[0]) + 1}/{self._num_microbatches}"
+        return "non-finite gradients (every microbatch's loss is finite)"
 
 
 class Engine:
@@ -119,23 +145,15 @@ class Engine:
             micro_batch_size=micro_batch_size, forward_only=False)
         # with NCCL the schedule returns before its kernels ran: a rank waiting for a peer blocks in here
         self.progress.enter("optimizer")
-        loss, bad_microbatch = _reduce_loss(losses)
-        loss_scale = float(self.optimizer.get_loss_scale())
+        loss, bad_loss = optimizer_step.reduce_losses(losses, num_microbatches)
         # Megatron's FP32 and BF16 optimizers step on NaN gradients (megatron-core 0.16.1: only the
-        # fp16 grad scaler looks for them), so the check is made here, on every rank together.
-        if bad_microbatch is not None:
-            reason = f"non-finite loss in microbatch {bad_microbatch + 1}/{num_microbatches}"
-        elif not _grads_finite(self.chunks):
-            reason = "non-finite gradients (every microbatch's loss is finite)"
-        else:
-            update_successful, grad_norm, _ = self.optimizer.step()
-            reason = None if update_successful else "the optimizer found inf/NaN gradients (loss-scale overflow)"
-        if reason is not None:
-            return StepResult(loss=loss, grad_norm=float("nan"), lr=self.optimizer.param_groups[0]["lr"],
-                              update_successful=False, loss_scale=loss_scale, skip_reason=reason)
-        self.scheduler.step(increment=1)  # as Megatron: a skipped iteration does not advance the schedule
-        return StepResult(loss=loss, grad_norm=float(grad_norm or 0.0), lr=self.optimizer.param_groups[0]["lr"],
-                          update_successful=True, loss_scale=loss_scale)
+        # fp16 grad scaler looks for them): a non-finite loss or gradient norm skips the update, on every
+        # rank together (the loss is reduced over the world, the norm over Megatron's grad-stats group).
+        outcome = optimizer_step.step(self.optimizer, loss, bad_loss)
+        if not outcome.skipped:  # as Megatron: a skipped iteration does not advance the schedule
+            self.scheduler.step(increment=1)
+        return StepResult(outcome, self.optimizer.param_groups[0]["lr"], self.optimizer.get_loss_scale(),
+                          num_microbatches)
 
     def _per_chunk(self, batches: Iterator[dict]) -> Iterator[dict] | list[Iterator[dict]]:
         """The interleaved schedule takes one iterator per chunk; each chunk reads every microbatch."""
@@ -234,7 +252,7 @@ class Engine:
         finally:
             for chunk in self.chunks:
                 chunk.train()
-        return _reduce_loss(losses)[0]
+        return _reduce_loss(losses, num_microbatches)[0]
 
 
 class _ForwardStep:
@@ -292,33 +310,8 @@ class _ForwardStep:
         return output, loss_func
 
 
-def _reduce_loss(losses: list[dict]) -> tuple[float, int | None]:
+def _reduce_loss(losses: list[dict], num_microbatches: int | None = None) -> tuple[float, int | None]:
     """(mean loss on the last stage averaged over DP, first microbatch with a non-finite loss), on every rank."""
-    from megatron.core import parallel_state
-
-    loss = torch.zeros(1, dtype=torch.float64)
-    first_bad_microbatch = torch.full((1,), float("inf"), dtype=torch.float64)
-    if parallel_state.is_pipeline_last_stage():
-        for record in losses:
-            if not torch.isfinite(record["lm loss"]).all():
-                first_bad_microbatch[0] = record["microbatch"]
-                break
-        loss[0] = sum(float(r["lm loss"]) for r in losses) / max(len(losses), 1)
-        # every TP and CP rank of the last stage holds the same loss: count it once per DP rank
-        loss[0] /= (parallel_state.get_data_parallel_world_size()
-                    * parallel_state.get_tensor_model_parallel_world_size()
-                    * parallel_state.get_context_parallel_world_size())
-    dist.all_reduce(loss)
-    dist.all_reduce(first_bad_microbatch, op=dist.ReduceOp.MIN)
-    bad = first_bad_microbatch.item()
-    return float(loss.item()), (int(bad) if math.isfinite(bad) else None)
-
-
-def _grads_finite(chunks: list) -> bool:
-    """Collective: True when no rank's reduced gradients (DDP main_grad buffers of every chunk) hold NaN or inf."""
-    # A float64 sum per tensor is non-finite iff the tensor holds a NaN or inf (finite float32
-    # values cannot overflow it): one pass over the gradients, where isfinite().all() makes four.
-    sums = [p.main_grad.sum(dtype=torch.float64) for chunk in chunks for p in chunk.parameters()
-            if p.requires_grad and getattr(p, "main_grad", None) is not None]
-    local = bool(torch.stack(sums).sum().isfinite()) if sums else True  # one device sync, not one per tensor
-    return not any_rank(not local)
+    loss, bad = optimizer_step.reduce_losses(losses, num_microbatches or max(len(losses), 1))
+    first_bad = bad.nonzero()
+    return float(loss), (int(first_bad[0]) if first_bad.numel() else None)
