@@ -45,6 +45,9 @@ class DataConfig:
     # Training only: validation and evaluation see plain windows, so their losses compare across runs.
     document_masking: bool = False
     eod_mask_loss: bool = False  # Megatron's name: no loss on EOD inputs (training)
+    # Read and stack the next step's microbatches in a background thread while this step trains (pinned
+    # memory with CUDA); false reads each microbatch when the schedule asks for it. Same order either way.
+    prefetch: bool = True
 
 
 @dataclass

@@ -277,10 +277,13 @@ class _ForwardStep:
         batch = next(data_iterator)
         tokens, labels, loss_mask = batch["tokens"], batch["labels"], batch["loss_mask"]
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        tokens, labels, loss_mask = tokens.to(device), labels.to(device), loss_mask.to(device)
+        # non-blocking: from pinned memory (data.prefetch with CUDA) the copies overlap the compute queued before
+        tokens, labels, loss_mask = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True),
+                                     loss_mask.to(device, non_blocking=True))
         # data.document_masking: positions restart per document and one block-diagonal causal mask
         # [b, 1, s, s] serves every layer (on every pipeline stage, each reading its own batch).
-        documents = Documents(batch["document_index"].to(device)) if "document_index" in batch else None
+        documents = Documents(batch["document_index"].to(device, non_blocking=True)) \
+            if "document_index" in batch else None
         attention_mask = None if documents is None else documents.attention_mask()
         microbatch = self.microbatches.get(id(model), 0)
         self.microbatches[id(model)] = microbatch + 1

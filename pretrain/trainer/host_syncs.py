@@ -19,6 +19,8 @@ HOST_READS = {
     ("torch/optim/optimizer.py", "_get_value"): "torch Adam's host step counter",
     # the per-step PosAug α is drawn from a CPU generator on purpose (megatron_ext/positions/sampler.py)
     ("megatron_ext/positions/sampler.py", "sample_alpha"): "PosAug's α from a CPU generator",
+    # Megatron's RNG tracker (TP dropout/init regions) compares torch.get_rng_state(), a CPU tensor, on leaving fork()
+    ("megatron/core/tensor_parallel/random.py", "fork"): "Megatron's CPU RNG state check",
 }
 
 
@@ -36,7 +38,8 @@ def _host_read_site() -> str | None:
 def _caller() -> str:
     """file:line of the innermost frame outside torch (what a failing test names)."""
     frame = sys._getframe(2)
-    while frame is not None and ("/torch/" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
+    while frame is not None and ("/torch/" in frame.f_code.co_filename or frame.f_code.co_filename == __file__
+                                 or frame.f_code.co_filename.endswith("megatron_ext/cpu_compat.py")):
         frame = frame.f_back
     return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
 
