@@ -66,6 +66,9 @@ class OptimizerSettings:
     # An iteration whose loss or gradients hold NaN/inf applies no update (Megatron's "skipped
     # iteration"); this many in a row stop the run before anything non-finite is saved.
     max_consecutive_skipped_iters: int = 3
+    # torch's fused AdamW (one kernel for every param) instead of its foreach one: null = on CUDA (where
+    # Megatron, without TE/Apex, builds torch's AdamW), false = foreach everywhere, true = fused on CPU too
+    adam_fused: bool | None = None
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:

@@ -12,18 +12,16 @@ the full-length positions, and the loss is reduced over the CP group (megatron_e
 
 from __future__ import annotations
 
-import math
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 
 from megatron_ext import context_parallel
 from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
 from megatron_ext.positions.documents import Documents
-from pretrain.trainer.config import OptimizerSettings
 from pretrain.trainer import optimizer_step
+from pretrain.trainer.config import OptimizerSettings
 from pretrain.trainer.hang_diagnosis import StepCounters
 
 
@@ -123,6 +121,10 @@ class Engine:
                             params_dtype=self.config.params_dtype,
                             use_distributed_optimizer=parallel.use_distributed_optimizer),
             self.chunks)
+        # optimizer.adam_fused (null: on CUDA): Megatron builds torch's AdamW without a `fused` argument
+        self.adam_fused = torch.cuda.is_available() if optim.adam_fused is None else optim.adam_fused
+        if self.adam_fused:
+            optimizer_step.use_fused_adam(self.optimizer)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
             lr_warmup_steps=optim.lr_warmup_iters, lr_decay_steps=max(train_iters, 1),
@@ -173,7 +175,9 @@ class Engine:
             for group in inner.param_groups:
                 for param in group["params"]:
                     if not inner.state[param]:
-                        inner.state[param].update(step=torch.zeros((), dtype=torch.float32),
+                        # a fused step keeps its count on the param's device, foreach on the host
+                        step_device = param.device if group.get("fused") else "cpu"
+                        inner.state[param].update(step=torch.zeros((), dtype=torch.float32, device=step_device),
                                                   exp_avg=torch.zeros_like(param),
                                                   exp_avg_sq=torch.zeros_like(param))
 
@@ -200,8 +204,11 @@ class Engine:
                 handle.remove()
         # Megatron hands every param the same step tensor, which Adam's in-place `step += 1` would then
         # advance once per param: each param gets its own copy, as a fresh torch Adam has.
+        fused = {id(param) for inner in self._distributed_torch_adams() for group in inner.param_groups
+                 if group.get("fused") for param in group["params"]}
         for param, (optimizer, step) in steps.items():
-            optimizer.state[param].setdefault("step", step.detach().clone())
+            step = step.detach().clone()
+            optimizer.state[param].setdefault("step", step.to(param.device) if id(param) in fused else step)
 
     def _distributed_torch_adams(self) -> list[torch.optim.Optimizer]:
         """The torch Adam/AdamW inside each DistributedOptimizer (none with TE/Apex optimizers or without distopt)."""

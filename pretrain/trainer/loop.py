@@ -149,6 +149,8 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     engine = Engine(config.model, config.parallel, config.optimizer, total_iters,
                     per_sample_positions=sampler.needs_per_sample or config.data.document_masking)
     engine.progress = watchdog.counters
+    if rank == 0:
+        print(f"speed: {_speed_summary(config, engine)}", flush=True)
 
     start = 0
     if resume.candidates:
@@ -271,6 +273,20 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
         watchdog.stop(failed=sys.exc_info()[1] is not None)  # a hang's exit, if there is one, comes first
         metrics.close()
     return exit_code
+
+
+def _speed_summary(config: TrainConfig, engine: Engine) -> str:
+    """The start-up line naming each speed switch as it took effect (benchmarks compare them)."""
+    from megatron_ext.sdpa_attention import sdpa_backend
+    from pretrain.trainer.optimizer_step import training_device
+
+    attention = sdpa_backend(config.model, config.model.seq_length, training_device(),
+                             masked=config.data.document_masking,
+                             tensor_model_parallel_size=config.parallel.tensor_model_parallel_size)
+    return (f"SDPA backend {attention}{' (document masks)' if config.data.document_masking else ''}; "
+            f"AdamW {'fused' if engine.adam_fused else 'foreach'} (optimizer.adam_fused); "
+            f"data prefetch {'on' if config.data.prefetch else 'off'} (data.prefetch); "
+            f"micro-batch {config.schedule.micro_batch_size}")
 
 
 def _skipped(config: TrainConfig, metrics: Metrics, result, done: int, total_iters: int, in_row: int) -> None:
