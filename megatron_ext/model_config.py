@@ -56,6 +56,9 @@ class ModelConfig:
     # megatron = Megatron's DotProductAttention (baddbmm + masked softmax + bmm). Same math and
     # weights; sdpa falls back to megatron's path for calls it does not cover (megatron_ext.sdpa_attention).
     core_attention: str = "sdpa"
+    # torch.compile each transformer layer (not a Megatron field): fewer kernel launches per step; same math
+    # (pretrain.trainer.engine compiles the layers it builds; the first steps pay the compile time)
+    compile: bool = False
     # Biases on the q/k/v projections only (Qwen2), as Megatron's TransformerConfig.add_qkv_bias.
     add_qkv_bias: bool = False
     # Llama 3.x RoPE scaling of the model's own frequencies (Megatron's --use-rope-scaling and

@@ -94,6 +94,9 @@ class Engine:
                                  pre_process=parallel_state.is_pipeline_first_stage(**stage),
                                  post_process=parallel_state.is_pipeline_last_stage(**stage),
                                  per_sample_positions=per_sample_positions, vp_stage=vp_stage if virtual else None)
+            if model.compile:  # each layer its own compiled region: identical layers share one compiled graph
+                for layer in module.decoder.layers:
+                    layer.compile()
             if torch.cuda.is_available():  # built on the CPU (model.use_cpu_initialization): Megatron's get_model
                 module.cuda(torch.cuda.current_device())  # moves each chunk to its GPU before DDP, as here
             # only the first chunk's buffer is bucketed, as in Megatron's get_model

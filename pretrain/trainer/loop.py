@@ -286,6 +286,7 @@ def _speed_summary(config: TrainConfig, engine: Engine) -> str:
     return (f"SDPA backend {attention}{' (document masks)' if config.data.document_masking else ''}; "
             f"AdamW {'fused' if engine.adam_fused else 'foreach'} (optimizer.adam_fused); "
             f"data prefetch {'on' if config.data.prefetch else 'off'} (data.prefetch); "
+            f"layers {'compiled' if config.model.compile else 'eager'} (model.compile); "
             f"micro-batch {config.schedule.micro_batch_size}")
 
 
