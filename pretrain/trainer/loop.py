@@ -280,10 +280,11 @@ def _speed_summary(config: TrainConfig, engine: Engine) -> str:
     from megatron_ext.sdpa_attention import sdpa_backend
     from pretrain.trainer.optimizer_step import training_device
 
-    attention = sdpa_backend(config.model, config.model.seq_length, training_device(),
+    device = training_device()
+    attention = sdpa_backend(config.model, config.model.seq_length, device,
                              masked=config.data.document_masking,
                              tensor_model_parallel_size=config.parallel.tensor_model_parallel_size)
-    return (f"SDPA backend {attention}{' (document masks)' if config.data.document_masking else ''}; "
+    return (f"SDPA backend {attention} on {device.type}{' (document masks)' if config.data.document_masking else ''}; "
             f"AdamW {'fused' if engine.adam_fused else 'foreach'} (optimizer.adam_fused); "
             f"data prefetch {'on' if config.data.prefetch else 'off'} (data.prefetch); "
             f"layers {'compiled' if config.model.compile else 'eager'} (model.compile); "
