@@ -116,6 +116,7 @@ class Engine:
         self.config.finalize_model_grads_func = finalize
         no_sync = [chunk.no_sync for chunk in self.chunks]
         self.config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        optimizer_step.check_reaches()  # train_step runs Megatron's optimizer step as its parts
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=optim.lr, min_lr=optim.min_lr,
                             weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,

@@ -9,8 +9,8 @@ is applied as a device scalar clamped to 1 (a multiply by 1.0 is exact, so an un
 Megatron's skipped scaling bit for bit), and one `bool()` of "norm or loss not finite" decides the skip.
 No collective runs in a group of one process.
 
-Reaches into Megatron-Core (checked against megatron-core 0.16.1; megatron_ext.versions REACHES
-"optimizer_step_parts" names the first, looked up when the engine is built):
+Reaches into Megatron-Core (checked against megatron-core 0.16.1 only; megatron_ext.versions REACHES
+"optimizer_step_parts" names the first, looked up when the engine is built, and selfcheck's step proves it):
 - MegatronOptimizer.prepare_grads / step_with_ready_grads (public methods, but `step()` is the documented
   entry): `step()` = prepare_grads, clip_grad_norm, count_zeros (off here), step_with_ready_grads in
   optimizer.py (FP32Optimizer, MixedPrecisionOptimizer, DistributedOptimizer, ChainedOptimizer alike).
@@ -113,6 +113,13 @@ def reduce_losses(losses: list[dict], num_microbatches: int) -> tuple[torch.Tens
     if _group_size(None) > 1:
         dist.all_reduce(buffer)
     return buffer[0], buffer[1:]
+
+
+def check_reaches() -> None:
+    """MissingReachError (one line) when the installed Megatron lacks the step's parts."""
+    from megatron_ext.versions import resolve
+
+    resolve("optimizer_step_parts")
 
 
 def step(optimizer, loss: torch.Tensor, bad_loss: torch.Tensor) -> StepOutcome:
