@@ -70,6 +70,9 @@ class ModelConfig:
     # Transformer Engine's. Off by default: chunked saves memory, not time (one more logits matmul).
     cross_entropy_loss_fusion: bool = False
     cross_entropy_fusion_impl: str = "chunked"
+    # torch.compile each transformer layer (not a Megatron field): fewer kernel launches per step; same math
+    # (pretrain.trainer.engine compiles the layers it builds; the first steps pay the compile time)
+    compile: bool = False
     # Biases on the q/k/v projections only (Qwen2), as Megatron's TransformerConfig.add_qkv_bias.
     add_qkv_bias: bool = False
     # Llama 3.x RoPE scaling of the model's own frequencies (Megatron's --use-rope-scaling and

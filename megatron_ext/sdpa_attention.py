@@ -113,3 +113,26 @@ def with_core_attention(spec: ModuleSpec, core_attention: str) -> ModuleSpec:
     spec = copy.deepcopy(spec)
     spec.submodules.self_attention.submodules.core_attention = SDPADotProductAttention
     return spec
+
+
+def sdpa_backend(config, seq_length: int, device: torch.device, masked: bool = False,
+                 tensor_model_parallel_size: int = 1) -> str:
+    """The kernel torch's SDPA picks for this model's attention shape: cudnn, flash, efficient or math.
+
+    Asks torch's own dispatcher (`torch._fused_sdp_choice`, private; torch 2.13 checked) with one sample of
+    the run's shape and dtype; batch size does not enter torch's choice. 'megatron' when SDPA is off."""
+    if getattr(config, "core_attention", "sdpa") != "sdpa":
+        return "megatron (model.core_attention=megatron)"
+    heads, groups = config.num_attention_heads, config.num_query_groups or config.num_attention_heads
+    head_dim = config.kv_channels or config.hidden_size // heads
+    heads, groups = heads // tensor_model_parallel_size, max(groups // tensor_model_parallel_size, 1)
+    dtype = torch.bfloat16 if config.bf16 else torch.float32
+    q = torch.zeros(1, heads, seq_length, head_dim, dtype=dtype, device=device)
+    k = torch.zeros(1, groups, seq_length, head_dim, dtype=dtype, device=device)
+    mask = torch.ones(1, 1, seq_length, seq_length, dtype=torch.bool, device=device).tril() if masked else None
+    try:
+        choice = torch._fused_sdp_choice(q, k, k, attn_mask=mask, dropout_p=0.0, is_causal=mask is None,
+                                         enable_gqa=groups != heads)
+        return torch.nn.attention.SDPBackend(choice).name.lower().replace("_attention", "")
+    except (AttributeError, RuntimeError, ValueError) as error:  # a torch without the private dispatcher entry
+        return f"unknown ({type(error).__name__})"

@@ -84,6 +84,9 @@ REACHES = {reach.name: reach for reach in (
            "megatron_ext.cpu_compat", "the default causal mask built on CPU"),
     _reach("wrapped_torch_norm", "megatron.core.transformer.torch_norm", ["WrappedTorchNorm.__new__"],
            "megatron_ext.cpu_compat", "torch norms under sequence parallelism on CPU"),
+    _reach("optimizer_step_parts", "megatron.core.optimizer.optimizer", ["MegatronOptimizer.step_with_ready_grads"],
+           "pretrain.trainer.optimizer_step", "optimizer.step() run as its parts (prepare_grads, clip, "
+           "step_with_ready_grads) so the gradient norm and the skip check stay on the device"),
 )}
 # Attributes of a built model's modules (checked by check_model_reaches once a model exists).
 MODEL_REACHES = {

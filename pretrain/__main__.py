@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_known_warnings()  # before Megatron is imported: its warnings fire at import time
     import pretrain.tasks  # noqa: F401  registers the task data behind `data.task` with the trainer (no torch)
+    import pretrain.plan.micro_batch  # noqa: F401  registers the planner behind schedule.micro_batch_size: auto
 
     return getattr(importlib.import_module(module_name), function)(argv[1:])
 

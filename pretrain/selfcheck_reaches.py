@@ -19,7 +19,7 @@ STAGES = ("step", "checkpoint", "float positions", "softmax scale", "entropy", "
 PROVEN_BY = {"write_results_queue": "checkpoint", "gpt_preprocess": "float positions",
              "cuda_rng_state": "step", "set_cuda_rng_state": "checkpoint", "causal_mask": "step",
              "softmax_causal_mask": "step", "wrapped_torch_norm": "step", "rotary_inv_freq": "float positions",
-             "softmax_scale": "softmax scale", "attention_dropout": "entropy"}
+             "softmax_scale": "softmax scale", "attention_dropout": "entropy", "optimizer_step_parts": "step"}
 
 
 def _logits(model, tokens: torch.Tensor, positions) -> torch.Tensor:

@@ -69,6 +69,9 @@ def layout_for(config, nodes: int | None, gpus_per_node: int | None, dp: int | N
     if dp is not None and dp != derived:
         raise ValueError(f"--dp {dp} but {world} GPUs / (TP x PP x CP = {model_parallel}) = {derived}: "
                          "change --nodes/--gpus-per-node, --tp or --pp")
+    if config.schedule.micro_batch_size == "auto":  # the trainer resolves it at start-up (pretrain.plan.micro_batch)
+        raise ValueError("schedule.micro_batch_size=auto: plan a number with --micro-batch N; the trainer logs the "
+                         "value auto takes at start-up")
     micro = config.schedule.micro_batch_size * derived
     if config.schedule.global_batch_size % micro:
         raise ValueError(f"schedule.global_batch_size ({config.schedule.global_batch_size}) must be divisible by "

@@ -76,13 +76,21 @@ def main(argv: list[str]) -> int:
             print(config_module.dump(config))
             print(f"iterations: {config.train_iters()} ({config.train_tokens():,} tokens)")
             return 0
-        config.validate(int(os.environ.get("WORLD_SIZE", "1")))
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        config.validate(world_size)
         if not (args.check and os.environ.get(DEVICE_CHECK_IN_JOB)):
             check_device(config)
         if args.check:
             check_data(config)
             print(f"check: config, data and layout are fine for {os.environ.get('WORLD_SIZE', '1')} rank(s)")
             return 0
+        from pretrain.trainer import micro_batch
+
+        chosen = micro_batch.resolve(config, world_size)  # schedule.micro_batch_size: auto, before any process group
+        if chosen is not None:
+            config.validate(world_size)
+            if os.environ.get("RANK", "0") == "0":
+                print(chosen, flush=True)
     except (ValueError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

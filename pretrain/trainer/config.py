@@ -45,6 +45,9 @@ class DataConfig:
     # Training only: validation and evaluation see plain windows, so their losses compare across runs.
     document_masking: bool = False
     eod_mask_loss: bool = False  # Megatron's name: no loss on EOD inputs (training)
+    # Read and stack the next step's microbatches in a background thread while this step trains (pinned
+    # memory with CUDA); false reads each microbatch when the schedule asks for it. Same order either way.
+    prefetch: bool = True
 
 
 @dataclass
@@ -63,6 +66,9 @@ class OptimizerSettings:
     # An iteration whose loss or gradients hold NaN/inf applies no update (Megatron's "skipped
     # iteration"); this many in a row stop the run before anything non-finite is saved.
     max_consecutive_skipped_iters: int = 3
+    # torch's fused AdamW (one kernel for every param) instead of its foreach one: null = on CUDA (where
+    # Megatron, without TE/Apex, builds torch's AdamW), false = foreach everywhere, true = fused on CPU too
+    adam_fused: bool | None = None
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
@@ -82,14 +88,18 @@ class OptimizerSettings:
 class ScheduleConfig:
     """Batch sizes and run length. train_iters wins over train_tokens over tokens_per_parameter."""
 
-    micro_batch_size: int = 4
+    # a number, or auto: the largest that `pretrain plan` says fits this rank's memory (pretrain.trainer.micro_batch)
+    micro_batch_size: int | str = 4
     global_batch_size: int = 128
     train_iters: int | None = None
     train_tokens: int | None = None
     tokens_per_parameter: float = 20.0  # Chinchilla
 
     def __post_init__(self) -> None:
-        if self.micro_batch_size < 1 or self.global_batch_size < 1:
+        if self.micro_batch_size != "auto" and (not isinstance(self.micro_batch_size, int)
+                                                or self.micro_batch_size < 1):
+            raise ValueError(f"schedule.micro_batch_size must be a number >= 1 or auto (got {self.micro_batch_size!r})")
+        if self.global_batch_size < 1:
             raise ValueError("schedule.micro_batch_size and schedule.global_batch_size must be >= 1")
         if self.train_iters is not None and self.train_iters < 1:
             raise ValueError(f"schedule.train_iters must be >= 1 (got {self.train_iters})")
@@ -222,10 +232,12 @@ class TrainConfig:
         """Every check that needs the whole config; raises ValueError naming the fields and the fix."""
         self.parallel.check_model(self.model)
         dp = self.parallel.data_parallel_size(world_size)
-        micro = self.schedule.micro_batch_size * dp
+        auto = self.schedule.micro_batch_size == "auto"  # resolved before training (pretrain.trainer.micro_batch)
+        micro = dp if auto else self.schedule.micro_batch_size * dp
         if self.schedule.global_batch_size % micro:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
-                             f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
+                             + (f"by DP ({dp})" if auto else
+                                f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})"))
         self.positions.validate_for(self.model.seq_length)
         self.model.check_positions(self.positions.strategy, self.positions.rope_scaling)
         if self.model.rope_kernel == "triton":  # a GPU (or Triton's interpreter) is needed: refused before start
@@ -233,7 +245,8 @@ class TrainConfig:
 
             chosen_rope_kernel("triton", rope=self.model.position_embedding_type == "rope")
         pp = self.parallel.pipeline_model_parallel_size
-        if self.parallel.virtual_pipeline_model_parallel_size is not None and self.num_microbatches(dp) % pp:
+        if self.parallel.virtual_pipeline_model_parallel_size is not None and not auto \
+                and self.num_microbatches(dp) % pp:
             # Megatron's interleaved schedule runs microbatches in groups of PP per virtual stage.
             raise ValueError(f"parallel.virtual_pipeline_model_parallel_size needs microbatches per step "
                              f"({self.num_microbatches(dp)} = global_batch_size / (micro_batch_size × DP)) "

@@ -6,6 +6,8 @@ samples i·G + r·G/DP … (+G/DP), so resuming at step i needs only i — no lo
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol
@@ -230,3 +232,57 @@ def step_batches(source: SampleSource, step: int, global_batch_size: int, dp_ran
     per_rank = global_batch_size // dp_size
     return batches(source, step * global_batch_size + dp_rank * per_rank, micro_batch_size,
                    per_rank // micro_batch_size)
+
+
+class Prefetcher:
+    """The microbatches of each step from `start` on, built by a background thread one step ahead.
+
+    While step i trains, the thread reads and stacks step i+1's samples (pinned when CUDA is
+    available, so the engine's non-blocking copies overlap the step). Order is step_batches' own:
+    a pure function of the step, so resuming at step i needs nothing but i. An error in the thread
+    (a DataError, a read fault) is raised by `step` on the main thread, where it would have been."""
+
+    def __init__(self, source: SampleSource, start: int, stop: int, global_batch_size: int, dp_rank: int,
+                 dp_size: int, micro_batch_size: int, pin_memory: bool | None = None) -> None:
+        self._args = (source, global_batch_size, dp_rank, dp_size, micro_batch_size)
+        self._pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._queue: queue.Queue = queue.Queue(maxsize=1)  # one step waiting: the next one is built meanwhile
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(start, stop), name="data-prefetch", daemon=True)
+        self._thread.start()
+
+    def _fill(self, start: int, stop: int) -> None:
+        source, gbs, dp_rank, dp_size, mbs = self._args
+        for step in range(start, stop):
+            try:
+                microbatches = [self._pinned(batch) for batch in step_batches(source, step, gbs, dp_rank, dp_size, mbs)]
+                item = (step, microbatches, None)
+            except BaseException as error:  # handed to the main thread, which raises it at this step
+                item = (step, None, error)
+            while not self._stopped.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:  # the consumer is still on an earlier step
+                    continue
+            if self._stopped.is_set() or item[2] is not None:
+                return
+
+    def _pinned(self, batch: dict) -> dict:
+        # position_length stays pageable: the sampler reads it on the host
+        return {key: value.pin_memory() if self._pin and key != "position_length" else value
+                for key, value in batch.items()}
+
+    def step(self, step: int) -> Iterator[dict]:
+        """This DP rank's microbatches of `step` (steps are asked for in order, from `start`)."""
+        got, microbatches, error = self._queue.get()
+        if error is not None:
+            raise error
+        if got != step:
+            raise RuntimeError(f"data prefetch: step {step} asked for, step {got} prepared (steps must go in order)")
+        return iter(microbatches)
+
+    def close(self) -> None:
+        """Stop the thread (it exits at its next put)."""
+        self._stopped.set()
+        self._thread.join(timeout=5.0)

@@ -12,35 +12,59 @@ the full-length positions, and the loss is reduced over the CP group (megatron_e
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 
 from megatron_ext import context_parallel
 from megatron_ext.model import ModelConfig, ParallelConfig, build_model
 from megatron_ext.positions import PositionSampler
 from megatron_ext.positions.documents import Documents
+from pretrain.trainer import optimizer_step
 from pretrain.trainer.config import OptimizerSettings
 from pretrain.trainer.hang_diagnosis import StepCounters
-from pretrain.trainer.run_dir import any_rank
 
 
-@dataclass
 class StepResult:
     """What one optimizer step reports (loss averaged over microbatches and DP ranks).
 
     A step whose loss or gradients hold NaN/inf applies no update (update_successful=False, as
-    Megatron's optimizer reports a loss-scale overflow) and leaves the LR schedule where it was."""
+    Megatron's optimizer reports a loss-scale overflow) and leaves the LR schedule where it was.
+    Loss, gradient norm, loss scale and skip reason stay on the device until read: the loop reads
+    them at log intervals and on a skipped step, so other steps make one device→host sync."""
 
-    loss: float
-    grad_norm: float
-    lr: float
-    update_successful: bool
-    loss_scale: float = 1.0
-    skip_reason: str | None = None  # why the update was skipped, naming the microbatch when one is known
+    def __init__(self, outcome: optimizer_step.StepOutcome, lr: float, loss_scale: torch.Tensor | float,
+                 num_microbatches: int) -> None:
+        self._outcome, self.lr, self._loss_scale = outcome, lr, loss_scale
+        self.update_successful = not outcome.skipped
+        self._num_microbatches = num_microbatches
+
+    @property
+    def loss(self) -> float:
+        """Mean loss (a device→host read)."""
+        return float(self._outcome.loss)
+
+    @property
+    def grad_norm(self) -> float:
+        """Total gradient norm before clipping; NaN when the skip came before it (a device→host read)."""
+        return float(self._outcome.grad_norm)
+
+    @property
+    def loss_scale(self) -> float:
+        """The optimizer's loss scale (1.0 without fp16)."""
+        return float(self._loss_scale)
+
+    @property
+    def skip_reason(self) -> str | None:
+        """Why the update was skipped, naming the first non-finite microbatch when one is known."""
+        if self.update_successful:
+            return None
+        if self._outcome.overflow:
+            return "the optimizer found inf/NaN gradients (loss-scale overflow)"
+        bad = self._outcome.bad_loss.nonzero()
+        if bad.numel():
+            return f"non-finite loss in microbatch {int(bad[0]) + 1}/{self._num_microbatches}"
+        return "non-finite gradients (every microbatch's loss is finite)"
 
 
 class Engine:
@@ -70,6 +94,9 @@ class Engine:
                                  pre_process=parallel_state.is_pipeline_first_stage(**stage),
                                  post_process=parallel_state.is_pipeline_last_stage(**stage),
                                  per_sample_positions=per_sample_positions, vp_stage=vp_stage if virtual else None)
+            if model.compile:  # each layer its own compiled region: identical layers share one compiled graph
+                for layer in module.decoder.layers:
+                    layer.compile()
             if torch.cuda.is_available():  # built on the CPU (model.use_cpu_initialization): Megatron's get_model
                 module.cuda(torch.cuda.current_device())  # moves each chunk to its GPU before DDP, as here
             # only the first chunk's buffer is bucketed, as in Megatron's get_model
@@ -89,6 +116,7 @@ class Engine:
         self.config.finalize_model_grads_func = finalize
         no_sync = [chunk.no_sync for chunk in self.chunks]
         self.config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        optimizer_step.check_reaches()  # train_step runs Megatron's optimizer step as its parts
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=optim.lr, min_lr=optim.min_lr,
                             weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
@@ -97,6 +125,10 @@ class Engine:
                             params_dtype=self.config.params_dtype,
                             use_distributed_optimizer=parallel.use_distributed_optimizer),
             self.chunks)
+        # optimizer.adam_fused (null: on CUDA): Megatron builds torch's AdamW without a `fused` argument
+        self.adam_fused = torch.cuda.is_available() if optim.adam_fused is None else optim.adam_fused
+        if self.adam_fused:
+            optimizer_step.use_fused_adam(self.optimizer)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
             lr_warmup_steps=optim.lr_warmup_iters, lr_decay_steps=max(train_iters, 1),
@@ -119,23 +151,15 @@ class Engine:
             micro_batch_size=micro_batch_size, forward_only=False)
         # with NCCL the schedule returns before its kernels ran: a rank waiting for a peer blocks in here
         self.progress.enter("optimizer")
-        loss, bad_microbatch = _reduce_loss(losses)
-        loss_scale = float(self.optimizer.get_loss_scale())
+        loss, bad_loss = optimizer_step.reduce_losses(losses, num_microbatches)
         # Megatron's FP32 and BF16 optimizers step on NaN gradients (megatron-core 0.16.1: only the
-        # fp16 grad scaler looks for them), so the check is made here, on every rank together.
-        if bad_microbatch is not None:
-            reason = f"non-finite loss in microbatch {bad_microbatch + 1}/{num_microbatches}"
-        elif not _grads_finite(self.chunks):
-            reason = "non-finite gradients (every microbatch's loss is finite)"
-        else:
-            update_successful, grad_norm, _ = self.optimizer.step()
-            reason = None if update_successful else "the optimizer found inf/NaN gradients (loss-scale overflow)"
-        if reason is not None:
-            return StepResult(loss=loss, grad_norm=float("nan"), lr=self.optimizer.param_groups[0]["lr"],
-                              update_successful=False, loss_scale=loss_scale, skip_reason=reason)
-        self.scheduler.step(increment=1)  # as Megatron: a skipped iteration does not advance the schedule
-        return StepResult(loss=loss, grad_norm=float(grad_norm or 0.0), lr=self.optimizer.param_groups[0]["lr"],
-                          update_successful=True, loss_scale=loss_scale)
+        # fp16 grad scaler looks for them): a non-finite loss or gradient norm skips the update, on every
+        # rank together (the loss is reduced over the world, the norm over Megatron's grad-stats group).
+        outcome = optimizer_step.step(self.optimizer, loss, bad_loss)
+        if not outcome.skipped:  # as Megatron: a skipped iteration does not advance the schedule
+            self.scheduler.step(increment=1)
+        return StepResult(outcome, self.optimizer.param_groups[0]["lr"], self.optimizer.get_loss_scale(),
+                          num_microbatches)
 
     def _per_chunk(self, batches: Iterator[dict]) -> Iterator[dict] | list[Iterator[dict]]:
         """The interleaved schedule takes one iterator per chunk; each chunk reads every microbatch."""
@@ -155,7 +179,9 @@ class Engine:
             for group in inner.param_groups:
                 for param in group["params"]:
                     if not inner.state[param]:
-                        inner.state[param].update(step=torch.zeros((), dtype=torch.float32),
+                        # a fused step keeps its count on the param's device, foreach on the host
+                        step_device = param.device if group.get("fused") else "cpu"
+                        inner.state[param].update(step=torch.zeros((), dtype=torch.float32, device=step_device),
                                                   exp_avg=torch.zeros_like(param),
                                                   exp_avg_sq=torch.zeros_like(param))
 
@@ -182,8 +208,11 @@ class Engine:
                 handle.remove()
         # Megatron hands every param the same step tensor, which Adam's in-place `step += 1` would then
         # advance once per param: each param gets its own copy, as a fresh torch Adam has.
+        fused = {id(param) for inner in self._distributed_torch_adams() for group in inner.param_groups
+                 if group.get("fused") for param in group["params"]}
         for param, (optimizer, step) in steps.items():
-            optimizer.state[param].setdefault("step", step.detach().clone())
+            step = step.detach().clone()
+            optimizer.state[param].setdefault("step", step.to(param.device) if id(param) in fused else step)
 
     def _distributed_torch_adams(self) -> list[torch.optim.Optimizer]:
         """The torch Adam/AdamW inside each DistributedOptimizer (none with TE/Apex optimizers or without distopt)."""
@@ -234,7 +263,7 @@ class Engine:
         finally:
             for chunk in self.chunks:
                 chunk.train()
-        return _reduce_loss(losses)[0]
+        return _reduce_loss(losses, num_microbatches)[0]
 
 
 class _ForwardStep:
@@ -259,10 +288,13 @@ class _ForwardStep:
         batch = next(data_iterator)
         tokens, labels, loss_mask = batch["tokens"], batch["labels"], batch["loss_mask"]
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        tokens, labels, loss_mask = tokens.to(device), labels.to(device), loss_mask.to(device)
+        # non-blocking: from pinned memory (data.prefetch with CUDA) the copies overlap the compute queued before
+        tokens, labels, loss_mask = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True),
+                                     loss_mask.to(device, non_blocking=True))
         # data.document_masking: positions restart per document and one block-diagonal causal mask
         # [b, 1, s, s] serves every layer (on every pipeline stage, each reading its own batch).
-        documents = Documents(batch["document_index"].to(device)) if "document_index" in batch else None
+        documents = Documents(batch["document_index"].to(device, non_blocking=True)) \
+            if "document_index" in batch else None
         attention_mask = None if documents is None else documents.attention_mask()
         microbatch = self.microbatches.get(id(model), 0)
         self.microbatches[id(model)] = microbatch + 1
@@ -292,33 +324,8 @@ class _ForwardStep:
         return output, loss_func
 
 
-def _reduce_loss(losses: list[dict]) -> tuple[float, int | None]:
+def _reduce_loss(losses: list[dict], num_microbatches: int | None = None) -> tuple[float, int | None]:
     """(mean loss on the last stage averaged over DP, first microbatch with a non-finite loss), on every rank."""
-    from megatron.core import parallel_state
-
-    loss = torch.zeros(1, dtype=torch.float64)
-    first_bad_microbatch = torch.full((1,), float("inf"), dtype=torch.float64)
-    if parallel_state.is_pipeline_last_stage():
-        for record in losses:
-            if not torch.isfinite(record["lm loss"]).all():
-                first_bad_microbatch[0] = record["microbatch"]
-                break
-        loss[0] = sum(float(r["lm loss"]) for r in losses) / max(len(losses), 1)
-        # every TP and CP rank of the last stage holds the same loss: count it once per DP rank
-        loss[0] /= (parallel_state.get_data_parallel_world_size()
-                    * parallel_state.get_tensor_model_parallel_world_size()
-                    * parallel_state.get_context_parallel_world_size())
-    dist.all_reduce(loss)
-    dist.all_reduce(first_bad_microbatch, op=dist.ReduceOp.MIN)
-    bad = first_bad_microbatch.item()
-    return float(loss.item()), (int(bad) if math.isfinite(bad) else None)
-
-
-def _grads_finite(chunks: list) -> bool:
-    """Collective: True when no rank's reduced gradients (DDP main_grad buffers of every chunk) hold NaN or inf."""
-    # A float64 sum per tensor is non-finite iff the tensor holds a NaN or inf (finite float32
-    # values cannot overflow it): one pass over the gradients, where isfinite().all() makes four.
-    sums = [p.main_grad.sum(dtype=torch.float64) for chunk in chunks for p in chunk.parameters()
-            if p.requires_grad and getattr(p, "main_grad", None) is not None]
-    local = bool(torch.stack(sums).sum().isfinite()) if sums else True  # one device sync, not one per tensor
-    return not any_rank(not local)
+    loss, bad = optimizer_step.reduce_losses(losses, num_microbatches or max(len(losses), 1))
+    first_bad = bad.nonzero()
+    return float(loss), (int(first_bad[0]) if first_bad.numel() else None)

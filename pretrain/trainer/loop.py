@@ -19,8 +19,8 @@ from pretrain.faults import FULL_OR_READ_ONLY, OutputError
 from megatron_ext.positions import build_sampler
 from pretrain.trainer import checkpoint, children, distributed, resume_check
 from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dict
-from pretrain.trainer.data import (DataError, DocumentSamples, SyntheticTokens, build_datasets, document_eod,
-                                   step_batches, task_source)
+from pretrain.trainer.data import (DataError, DocumentSamples, Prefetcher, SyntheticTokens, build_datasets,
+                                   document_eod, step_batches, task_source)
 from pretrain.trainer.engine import Engine
 from pretrain.trainer.metrics import Metrics, config_summary
 from pretrain.trainer.run_lock import RunLock
@@ -52,6 +52,8 @@ class StopSignal:
 
     def any_rank(self) -> bool:
         """True on every rank if any rank got the signal (ranks must agree to save together)."""
+        if dist.get_world_size() == 1:  # no collective in a one-process world
+            return bool(self.received)
         flag = torch.tensor([1.0 if self.received else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
@@ -149,6 +151,8 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     engine.progress = watchdog.counters
     if rank == 0 and getattr(engine.model.module, "rope_paths", None):
         print(engine.model.module.rope_paths, flush=True)  # which RoPE kernel each layer takes
+    if rank == 0:
+        print(f"speed: {_speed_summary(config, engine)}", flush=True)
 
     start = 0
     if resume.candidates:
@@ -197,22 +201,30 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     window_start, window_steps = time.time(), 0
     skipped_in_row = 0
     step_times, straggler_interval = StepTimes(engine), config.logging.straggler_interval
+    # data.prefetch: the next step's microbatches are read and stacked while this one trains
+    prefetch = Prefetcher(train_data, start, total_iters, gbs, dp_rank, dp_size, mbs) if config.data.prefetch else None
+    progress_postfix = ""  # the loss on the progress line, refreshed when the loss is read anyway
     try:
         for step in range(start, total_iters):
             step_times.begin()
-            result = engine.train_step(step_batches(train_data, step, gbs, dp_rank, dp_size, mbs),
-                                       sampler, step, num_microbatches, mbs, seq)
+            microbatches = prefetch.step(step) if prefetch else step_batches(train_data, step, gbs, dp_rank,
+                                                                              dp_size, mbs)
+            result = engine.train_step(microbatches, sampler, step, num_microbatches, mbs, seq)
             step_times.end(start_up=step == start)
             window_steps += 1
             done = step + 1
             if step == start:  # start-up is over: from now on a step must complete within the train timeout
                 distributed.set_timeout(train_timeout_s)
             watchdog.progress(done)
-            metrics.step(done, f"loss {result.loss:.4f}")
+            log_step = done % config.logging.log_interval == 0 or done == total_iters
+            # the loss is a device tensor: read at log steps and skips only (one device sync per step otherwise)
+            if log_step or not result.update_successful:
+                progress_postfix = f"loss {result.loss:.4f}"
+            metrics.step(done, progress_postfix)
             skipped_in_row = 0 if result.update_successful else skipped_in_row + 1
             if skipped_in_row:
                 _skipped(config, metrics, result, done, total_iters, skipped_in_row)
-            if done % config.logging.log_interval == 0 or done == total_iters:
+            if log_step:
                 elapsed = time.time() - window_start
                 step_time = elapsed / window_steps
                 tokens_per_s = gbs * seq / step_time
@@ -258,9 +270,27 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
             if start >= total_iters:
                 metrics.console(f"nothing to do: checkpoint is at iteration {start} of {total_iters}")
     finally:
+        if prefetch:
+            prefetch.close()
         watchdog.stop(failed=sys.exc_info()[1] is not None)  # a hang's exit, if there is one, comes first
         metrics.close()
     return exit_code
+
+
+def _speed_summary(config: TrainConfig, engine: Engine) -> str:
+    """The start-up line naming each speed switch as it took effect (benchmarks compare them)."""
+    from megatron_ext.sdpa_attention import sdpa_backend
+    from pretrain.trainer.optimizer_step import training_device
+
+    device = training_device()
+    attention = sdpa_backend(config.model, config.model.seq_length, device,
+                             masked=config.data.document_masking,
+                             tensor_model_parallel_size=config.parallel.tensor_model_parallel_size)
+    return (f"SDPA backend {attention} on {device.type}{' (document masks)' if config.data.document_masking else ''}; "
+            f"AdamW {'fused' if engine.adam_fused else 'foreach'} (optimizer.adam_fused); "
+            f"data prefetch {'on' if config.data.prefetch else 'off'} (data.prefetch); "
+            f"layers {'compiled' if config.model.compile else 'eager'} (model.compile); "
+            f"micro-batch {config.schedule.micro_batch_size}")
 
 
 def _skipped(config: TrainConfig, metrics: Metrics, result, done: int, total_iters: int, in_row: int) -> None:

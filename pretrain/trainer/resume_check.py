@@ -18,7 +18,8 @@ from pretrain.trainer.run_dir import STATE, CheckpointError, checkpoints
 # settings that shape no checkpointed tensor (dropout rates; the init std, unused once weights are loaded); bf16,
 # whose checkpoints hold the same fp32 values either way (pretrain/trainer/precision_resume.py).
 MAY_CHANGE = frozenset({"recompute_granularity", "recompute_method", "recompute_num_layers", "core_attention",
-                        "rope_kernel", "use_cpu_initialization", "hidden_dropout", "attention_dropout", "init_method_std", "bf16"})
+                        "use_cpu_initialization", "hidden_dropout", "attention_dropout", "init_method_std", "bf16",
+                        "compile", "rope_kernel"})
 
 
 def recorded_model(run_dir: Path) -> tuple[Path, dict] | None:
