@@ -43,15 +43,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# ---- the variants: name -> overrides on top of TODAY (the lead edits this table when switches merge) ----------
+# ---- the variants: name -> overrides on top of TODAY --------------------------------------------------------------
+# The host-sync change has no switch: every row, `today` included, runs the one-sync step (its column shows it).
 TODAY = {"data.prefetch": "false", "model.compile": "false", "model.rope_kernel": "unfused",
-         "model.cross_entropy_loss_fusion": "false"}
+         "model.cross_entropy_loss_fusion": "false", "optimizer.adam_fused": "false"}
 VARIANTS: dict[str, dict[str, str]] = {
     "today": {},
     "prefetch": {"data.prefetch": "true"},
     "compile": {"model.compile": "true"},
     "rope kernel": {"model.rope_kernel": "triton"},
     "fused cross-entropy": {"model.cross_entropy_loss_fusion": "true"},
+    "fused AdamW": {"optimizer.adam_fused": "true"},
 }
 ALL_TOGETHER = "all together"  # every available switch of the rows above at once
 CUDA_ONLY = {"model.rope_kernel"}  # Triton's kernels run on a CPU only under its interpreter (tested elsewhere)
