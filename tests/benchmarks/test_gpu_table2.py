@@ -111,8 +111,8 @@ def test_the_pack_tokenized_elsewhere_gives_the_shards_built_here_and_a_changed_
     import zstandard
 
     part = tampered / "corpus" / "part-00.jsonl.zst"
-    text = zstandard.ZstdDecompressor().decompress(part.read_bytes(), max_output_size=2**28).replace(b"def", b"fed")
-    part.write_bytes(zstandard.ZstdCompressor().compress(text))
+    text = zstandard.ZstdDecompressor().decompress(part.read_bytes(), max_output_size=2**28)
+    part.write_bytes(zstandard.ZstdCompressor().compress(text + b'{"text": "a document added after packing"}\n'))
     with pytest.raises(table2_data.PackError, match="differ from those built where it was packed"):
         table2_data.unpack(tampered, root / "there2", workers=1)
 
