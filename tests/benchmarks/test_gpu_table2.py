@@ -133,3 +133,18 @@ def test_the_cpu_tiny_dry_run_of_the_command_trains_both_evaluates_and_reports(p
     assert sorted(r["label"] for r in results["records"]) == ["baseline", "posaug"]
     assert all(r["context_gain"]["num_spans"] == gpu_table2.GAIN_SPANS for r in results["records"])
     assert results["reached"] == {"baseline_s42": 16, "posaug_s42": 16}
+
+
+def test_a_long_dictionary_text_is_cut_into_documents_at_blank_lines_or_else_at_line_ends():
+    import table2_corpus
+
+    assert table2_corpus.chunks("a\n\nbb\n\ncc", size=2) == ["a\n\nbb", "cc"]
+    assert table2_corpus.chunks("aaa\nbbb\nccc", size=3) == ["aaa", "bbb", "ccc"]
+
+
+def test_an_html_page_gives_its_visible_text_only(tmp_path):
+    import table2_corpus
+
+    page = tmp_path / "p.html"
+    page.write_text("<html><head><title>T</title></head><body><script>x()</script><p>Hello</p>\n\n\n<p>world</p>")
+    assert table2_corpus.html_text(page) == "Hello\n\nworld"
