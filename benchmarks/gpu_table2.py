@@ -112,8 +112,11 @@ def run(args: argparse.Namespace) -> int:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     gpu_lease.log(f"device {device}, torch {torch.__version__}")
     prefix, data = data_prefix(args)
+    from data_prep.manifest import load_manifest
+
+    # the pack's tokenizer sets the vocabulary (the gpu-10m preset's 4,096 was its embedded corpus's)
     preset = dataclasses.replace(PRESETS[args.preset], methods=table2_report.METHODS, inference=(),
-                                 gain_spans=GAIN_SPANS)
+                                 gain_spans=GAIN_SPANS, vocab_size=load_manifest(prefix).vocab_size)
     plan_path = out / "plan.json"
     if plan_path.exists():
         plan = json.loads(plan_path.read_text())

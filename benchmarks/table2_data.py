@@ -50,7 +50,8 @@ def write_parts(documents: list[Path], corpus: Path, parts: int) -> int:
     import zstandard
 
     corpus.mkdir(parents=True, exist_ok=True)
-    writers = [zstandard.ZstdCompressor(level=19).stream_writer(open(corpus / f"part-{i:02d}.jsonl.zst", "wb"))
+    compressor = zstandard.ZstdCompressor(level=12, threads=-1)  # level 19: ~10x slower for ~10 % less
+    writers = [compressor.stream_writer(open(corpus / f"part-{i:02d}.jsonl.zst", "wb"))
                for i in range(min(parts, len(documents)))]
     written = 0
     for index, path in enumerate(documents):

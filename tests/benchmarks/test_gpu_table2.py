@@ -96,7 +96,8 @@ def pack(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, "-m", "data_prep", "embedded-corpus", "--output", str(root / "docs"),
                     "--max-bytes", "150000"], check=True, env=env, capture_output=True)
-    info = table2_data.pack(root / "docs", root / "pack", 512, root / "here", valid_fraction=0.25)
+    # 400 tokens, not cpu-tiny's 512: the command takes the vocabulary from the pack
+    info = table2_data.pack(root / "docs", root / "pack", 400, root / "here", valid_fraction=0.25)
     return root, info
 
 
@@ -133,6 +134,7 @@ def test_the_cpu_tiny_dry_run_of_the_command_trains_both_evaluates_and_reports(p
     assert sorted(r["label"] for r in results["records"]) == ["baseline", "posaug"]
     assert all(r["context_gain"]["num_spans"] == gpu_table2.GAIN_SPANS for r in results["records"])
     assert results["reached"] == {"baseline_s42": 16, "posaug_s42": 16}
+    assert "vocab_size: 400" in (tmp_path / "run" / "configs" / "baseline_s42.yaml").read_text()
 
 
 def test_a_long_dictionary_text_is_cut_into_documents_at_blank_lines_or_else_at_line_ends():
