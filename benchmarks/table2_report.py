@@ -95,8 +95,8 @@ def render(results: dict) -> str:
         delta = f"+{row['delta_gain']:.2f}" if "delta_gain" in row else "—"
         lines.append(f"| paper, Table 2 (10.6M, 500M tokens) | {method} | {row['cliff']:.3f} | {row['gain']:.3f} | "
                      f"{row['in_dist']:.3f} | {penalty} | {delta} |")
-    paired = [f"- seed {seed}: cliff reduction {r['paired']['cliff_reduction']:.3f} ± {r['paired']['cliff_reduction_se']:.3f}"
-              f" SE, in-dist {r['paired']['in_dist_diff']:+.3f} ± {r['paired']['in_dist_diff_se']:.3f} SE nats "
+    paired = [f"- seed {seed}: cliff reduction {r['paired']['cliff_reduction']:.3f} ± "
+              f"{r['paired']['cliff_reduction_se']:.3f} SE, in-dist {r['paired']['in_dist_diff']:+.3f} ± {r['paired']['in_dist_diff_se']:.3f} SE nats "
               f"(penalty {100 * r['paired']['penalty']:.1f} ± {100 * r['paired']['penalty_se']:.1f} %), "
               f"paired over {r['paired']['spans']} spans" for seed, r in seeds.items()]
     data = results.get("data") or {}

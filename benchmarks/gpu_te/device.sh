@@ -18,7 +18,8 @@ if [ ! -e "$site/.wheels_installed" ]; then
 fi
 built=$(ls "$kit"/build/transformer_engine_torch-*.whl 2>/dev/null | head -1)
 if [ -z "$built" ]; then
-  rm -rf "$kit/src" && mkdir -p "$kit/src" "$kit/build" && tar xzf "$kit"/small/transformer_engine_torch-*.tar.gz -C "$kit/src"
+  rm -rf "$kit/src" && mkdir -p "$kit/src" "$kit/build" \
+    && tar xzf "$kit"/small/transformer_engine_torch-*.tar.gz -C "$kit/src"
   t0=$(date +%s)
   # FORCE_BUILD: no attempt to fetch a prebuilt wheel (no network); NO_LOCAL_VERSION: TE refuses a version mismatch
   (cd "$kit"/src/transformer_engine_torch-* && PYTHONPATH=$site NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS=90 \
@@ -30,7 +31,8 @@ if [ -z "$built" ]; then
   built=$(ls "$kit"/build/transformer_engine_torch-*.whl 2>/dev/null | head -1)
   [ -n "$built" ] || { tail -40 "$out/te_build.log"; exit 1; }
 fi
-ls "$site"/transformer_engine_torch*.so >/dev/null 2>&1 || $pipi "$built" || { echo "error: $built did not install"; exit 1; }
+ls "$site"/transformer_engine_torch*.so >/dev/null 2>&1 || $pipi "$built" \
+  || { echo "error: $built did not install"; exit 1; }
 export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1
 python3 -c "import transformer_engine, transformer_engine.pytorch, transformer_engine_torch, megatron.core as m
 print('transformer_engine', transformer_engine.__version__, 'imports; megatron-core', m.__version__)" \
