@@ -5,7 +5,7 @@
 #   .whl/              megatron-core 0.16.1 and zstandard wheels (benchmarks/gpu_te/kit.py download puts them there)
 #   .gpu_data_table2/  the data pack (python benchmarks/table2_data.py pack --input DOCS)
 # Usage: bash benchmarks/gpu_table2.sh CALL_SECONDS [LEASE_SECONDS [gpu_table2.py arguments...]]
-#   first call: e.g. `bash benchmarks/gpu_table2.sh 590 840 --tokens-per-s 1500000`; while it exits 3 ("run
+#   first call: e.g. `bash benchmarks/gpu_table2.sh 590 840` (it calibrates the rate); while it exits 3 ("run
 #   again"), the same command again on the warm machine continues the runs (the plan keeps the first deadline).
 # Writes $OUT/table2.log, report.md, results.json, plan.json. PYTHON overrides python3 (the CPU dry run).
 set -u
