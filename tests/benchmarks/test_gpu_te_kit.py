@@ -1,0 +1,131 @@
+"""The Transformer Engine carry kit (benchmarks/gpu_te/kit.py, device.sh), on a small fake payload: split, join,
+checksums, the device command's size, and the refusal of a missing or corrupt part."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks" / "gpu_te"))
+
+import kit  # noqa: E402
+
+BIG = "fake_cu13-1.0-py3-none-any.whl"
+
+
+@pytest.fixture
+def fake_kit(tmp_path):
+    """A checkout-like folder with a split 'large wheel', a small wheel, a .whl/ wheel, and its manifest."""
+    payload = os.urandom(10_000 + 7)
+    (tmp_path / ".gpu_te" / "big").mkdir(parents=True)
+    (tmp_path / ".gpu_te" / "small").mkdir()
+    (tmp_path / ".whl").mkdir()
+    big = tmp_path / ".gpu_te" / "big" / BIG
+    big.write_bytes(payload)
+    files = {BIG: {"folder": ".gpu_te/big", "size": len(payload), "sha256": kit.sha256(big),
+                   "parts": kit.split(big, tmp_path / ".gpu_te" / "parts", 4096)}}
+    big.unlink()
+    for folder, name in ((".gpu_te/small", "small-1.0-py3-none-any.whl"), (".whl", "mcore-0.16.1-cp312.whl")):
+        path = tmp_path / folder / name
+        path.write_bytes(name.encode() * 10)
+        files[name] = {"folder": folder, "size": path.stat().st_size, "sha256": kit.sha256(path)}
+    manifest = {"files": files, "part_bytes": 4096}
+    manifest["transfers"] = kit.transfers(manifest, room=8192)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return tmp_path, payload
+
+
+def run_kit(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """kit.py as the device command runs it, on the fake kit."""
+    return subprocess.run([sys.executable, str(REPO / "benchmarks/gpu_te/kit.py"), *args, "--kit",
+                           str(root / ".gpu_te"), "--manifest", str(root / "manifest.json")],
+                          capture_output=True, text=True)
+
+
+def test_split_cuts_a_file_into_parts_no_larger_than_asked_with_their_sha256(fake_kit):
+    root, payload = fake_kit
+    parts = json.loads((root / "manifest.json").read_text())["files"][BIG]["parts"]
+    assert [p["size"] for p in parts] == [4096, 4096, len(payload) - 8192]
+    for part in parts:
+        assert hashlib.sha256((root / ".gpu_te/parts" / part["name"]).read_bytes()).hexdigest() == part["sha256"]
+
+
+def test_join_rebuilds_the_file_byte_for_byte(fake_kit):
+    root, payload = fake_kit
+    result = run_kit(root, "join")
+    assert result.returncode == 0, result.stderr
+    assert (root / ".gpu_te/whole" / BIG).read_bytes() == payload
+
+
+def test_a_missing_part_is_refused_in_one_line_with_exit_2(fake_kit):
+    root, _ = fake_kit
+    (root / ".gpu_te/parts" / f"{BIG}.part01").unlink()
+    result = run_kit(root, "join")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "part01 is missing" in result.stderr
+
+
+def test_a_corrupt_part_of_the_right_size_is_refused(fake_kit):
+    root, _ = fake_kit
+    part = root / ".gpu_te/parts" / f"{BIG}.part02"
+    data = bytearray(part.read_bytes())
+    data[5] ^= 1
+    part.write_bytes(bytes(data))
+    result = run_kit(root, "join")
+    assert result.returncode == 2 and "part02 has another sha256" in result.stderr
+    assert not (root / ".gpu_te/whole" / BIG).exists()
+
+
+def test_a_corrupt_small_wheel_is_refused(fake_kit):
+    root, _ = fake_kit
+    (root / ".whl/mcore-0.16.1-cp312.whl").write_bytes(b"x")
+    result = run_kit(root, "join")
+    assert result.returncode == 2 and "mcore-0.16.1-cp312.whl has 1 bytes" in result.stderr
+
+
+def test_partial_check_counts_what_arrived_and_refuses_only_what_is_damaged(fake_kit):
+    root, _ = fake_kit
+    (root / ".gpu_te/parts" / f"{BIG}.part00").unlink()
+    result = run_kit(root, "check", "--partial")
+    assert result.returncode == 0 and "4 of 5 files and parts" in result.stdout
+    assert run_kit(root, "check").returncode == 2
+
+
+def test_device_script_refuses_a_missing_part_before_installing_anything(fake_kit, tmp_path):
+    root, _ = fake_kit
+    (root / ".gpu_te/parts" / f"{BIG}.part00").unlink()
+    env = {**os.environ, "GPU_TE_KIT": str(root / ".gpu_te"), "GPU_TE_MANIFEST": str(root / "manifest.json"),
+           "OUT": str(tmp_path / "out")}
+    result = subprocess.run(["bash", "benchmarks/gpu_te/device.sh"], cwd=REPO, env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and "part00 is missing" in result.stderr
+    assert not (root / ".gpu_te/site").exists()
+
+
+def test_every_call_fits_the_device_limit_and_the_small_files_ride_with_a_part(fake_kit):
+    root, _ = fake_kit
+    calls = json.loads((root / "manifest.json").read_text())["transfers"]
+    assert len(calls) == 3
+    assert calls[-1][1:] == [".gpu_te/small", ".whl"]
+
+
+def test_the_shipped_manifest_plans_calls_within_64_mib_with_the_checkout():
+    manifest = json.loads(kit.MANIFEST.read_text())
+    sizes = {f"{kit.KIT}/parts/{p['name']}": p["size"] for e in manifest["files"].values() for p in e.get("parts", [])}
+    for entry in manifest["files"].values():
+        if not entry.get("parts"):
+            sizes[entry["folder"]] = sizes.get(entry["folder"], 0) + entry["size"]
+    carried = [path for paths in manifest["transfers"] for path in paths]
+    assert sorted(carried) == sorted(sizes)  # every part and folder travels, once
+    for paths in manifest["transfers"]:
+        assert sum(sizes[path] for path in paths) <= kit.room_per_call() + kit.MARGIN
+
+
+def test_the_device_command_is_within_the_tools_2000_characters():
+    assert len(kit.DEVICE_COMMAND) <= 2000
+    assert len("python3 benchmarks/gpu_te/kit.py check --partial") <= 2000
