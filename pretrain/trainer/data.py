@@ -12,14 +12,11 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 
 import torch
 
+from pretrain.trainer.data_checks import DataError  # noqa: F401 (re-exported)
 from pretrain.trainer.task_data import TaskDataSource, register_task_source, task_source  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from data_prep.manifest import Manifest
-
-
-class DataError(ValueError):
-    """A data_prep build that cannot feed this run; the message names it and the fix."""
 
 
 class SampleSource(Protocol):

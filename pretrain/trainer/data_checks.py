@@ -17,14 +17,25 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
     from data_prep.manifest import Manifest
-    from pretrain.trainer.data import SampleSource
+
+
+class SampleSource(Protocol):
+    """Anything indexable into GPTDataset-style samples (pretrain.trainer.data's, not imported: data imports this)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> dict: ...
+
+
+class DataError(ValueError):
+    """A data_prep build that cannot feed this run; the message names it and the fix."""
 
 
 def _shards(manifest: "Manifest") -> list[tuple[str, dict]]:
@@ -41,8 +52,6 @@ def check_indexes(manifests: list["Manifest"]) -> None:
 def _check_indexes(manifest: "Manifest") -> None:
     from data_prep.checksums import sha256_file
     from data_prep.writer import check_pair
-    from pretrain.trainer.data import DataError
-
     fix = f"rebuild with `{manifest.rebuild_command()}` (add any other options of the original build)"
     for prefix, entry in _shards(manifest):
         problems = check_pair(prefix)
@@ -85,8 +94,6 @@ class CheckedSamples:
         return sample
 
     def _refuse(self, index: int, token: int) -> None:
-        from pretrain.trainer.data import DataError
-
         damaged = [path for m in self.manifests for path in _damaged_bins(m)] or ["(none found on a re-read)"]
         rebuild = "; ".join(f"`{m.rebuild_command()}`" for m in self.manifests)
         error = DataError(f"sample {index} holds token id {token}, outside the tokenizer's vocabulary of "
