@@ -202,8 +202,9 @@ def check_fits(source: str | Path, wanted: list[Request], num_spans: int, batch_
         for length in sorted(set(request.lengths), reverse=True):
             if need(length) > budget:
                 where = "GPU memory free" if str(device).startswith("cuda") else "memory available"
-                per_pass = (f"{_batch(length, num_spans, batch_size, max_batch_tokens)} span(s) of {length} tokens "
-                            "per forward pass" if request.mode == "score" else f"one sequence of {length}+ tokens per pass")
+                spans = _batch(length, num_spans, batch_size, max_batch_tokens)
+                per_pass = (f"{spans} span(s) of {length} tokens per forward pass" if request.mode == "score"
+                            else f"one sequence of {length}+ tokens per pass")
                 what = f" for {request.what}" if request.what else ""
                 lower = {"score": ", or --num-spans / --batch-size", "entropy": ", or pass --entropy-spans 0"}
                 raise ValueError(f"{request.flag} {length} needs about {need(length) / 2**30:.1f} GiB{what} "

@@ -40,7 +40,8 @@ class DataError(ValueError):
 
 def _shards(manifest: "Manifest") -> list[tuple[str, dict]]:
     """(shard prefix, manifest entry) of every train shard and the validation stream."""
-    return list(zip(manifest.train_prefixes + [manifest.valid_prefix], manifest.raw["shards"] + [manifest.raw["valid"]]))
+    entries = manifest.raw["shards"] + [manifest.raw["valid"]]
+    return list(zip(manifest.train_prefixes + [manifest.valid_prefix], entries))
 
 
 def check_indexes(manifests: list["Manifest"]) -> None:

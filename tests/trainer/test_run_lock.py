@@ -11,8 +11,8 @@ from conftest import REPO
 from pretrain.trainer.run_dir import CheckpointError
 from pretrain.trainer.run_lock import RunLock
 
-HOLD = "import sys, time; from pretrain.trainer.run_lock import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); " \
-       "print('held', flush=True); time.sleep(60)"
+HOLD = "import sys, time; from pretrain.trainer.run_lock import RunLock; lock = RunLock(sys.argv[1]); " \
+       "lock.acquire(); print('held', flush=True); time.sleep(60)"
 
 
 @pytest.fixture
