@@ -56,3 +56,13 @@ def test_the_entropy_of_a_length_that_fits_for_losses_is_refused_naming_entropy_
     assert entropy_bytes(shape, length, 1, "megatron") > 1.2 * budget  # away from the edge: the budget moves
     line = eval_run(ssmax_run, tmp_path, "--lengths", str(length), "--num-spans", "1", "--entropy-spans", "1")
     assert line.startswith(f"error: --lengths {length} needs about") and "--entropy-spans" in line, line
+
+
+def test_eval_all_refuses_a_run_whose_estimate_cannot_fit_before_reading_it(ssmax_run, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", "all", str(ssmax_run.parent), "--data",
+                           str(tmp_path / "no_data"), "--lengths", "200000", "--out", str(tmp_path / "out"),
+                           "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr[-3000:]
+    assert "run: not evaluated: --lengths 200000 needs about 1193." in proc.stdout, proc.stdout
+    assert "megatron backend" in proc.stdout, proc.stdout
