@@ -35,8 +35,9 @@ def eval_run(run, tmp_path, *flags):
     return errors[0]
 
 
-@pytest.mark.parametrize("flag, value", [("--passkey-lengths", "10000000"), ("--ruler-lengths", "10000000"),
-                                         ("--context-gain", "10000000")])
+@pytest.mark.parametrize("flag, value", [("--passkey-lengths", "10000000"),
+                                         pytest.param("--ruler-lengths", "10000000", marks=pytest.mark.slow),
+                                         pytest.param("--context-gain", "10000000", marks=pytest.mark.slow)])
 def test_a_length_growing_mode_that_cannot_fit_is_refused_naming_its_flag(ssmax_run, tmp_path, flag, value):
     line = eval_run(ssmax_run, tmp_path, flag, value)
     assert line.startswith(f"error: {flag} {value} needs about") and "largest length that fits" in line, line
