@@ -90,8 +90,10 @@ class CheckedSamples:
         sample = self.source[index]
         for key in ("tokens", "labels"):
             ids = torch.as_tensor(sample[key])
-            if ids.numel() and (int(ids.max()) >= self.vocab_size or int(ids.min()) < 0):
-                self._refuse(index, int(ids.max()) if int(ids.max()) >= self.vocab_size else int(ids.min()))
+            if ids.numel():
+                low, high = int(ids.min()), int(ids.max())
+                if high >= self.vocab_size or low < 0:
+                    self._refuse(index, high if high >= self.vocab_size else low)
         return sample
 
     def _refuse(self, index: int, token: int) -> None:
