@@ -26,6 +26,7 @@ from data_prep.checksums import matches_checksums
 from data_prep.config import BuildConfig, BuildPlan
 from data_prep.dist import Comm, get_comm
 from pretrain.faults import DataError, naming_output
+from pretrain.locks import FileLock
 from data_prep.fingerprint import build_state, describe_changes, fingerprint
 from data_prep.manifest import MANIFEST_VERSION, manifest_path, read_json, shard_prefix, valid_prefix, write_json_atomic
 from data_prep.progress import Progress
@@ -86,8 +87,9 @@ def verify_existing(cfg: BuildConfig, expected_fingerprint: str) -> Optional[dic
 
 
 def build(cfg: BuildConfig) -> dict:
-    """Run the whole build (every MPI rank calls this); returns the manifest dict."""
+    """Run the whole build (every MPI rank calls this) under the lock of its prefix; returns the manifest dict."""
     comm = get_comm(cfg.use_mpi)
+    lock = _lock_prefix(cfg.output_prefix, comm)
     try:
         return _build(cfg, comm)
     except BaseException as e:
@@ -95,6 +97,25 @@ def build(cfg: BuildConfig) -> dict:
             print(f"[rank {comm.rank}] error: {e}", file=sys.stderr, flush=True)
             comm.abort(2)
         raise
+    finally:
+        lock.release()
+
+
+def _lock_prefix(prefix: str, comm: Comm) -> FileLock:
+    """Rank 0's lock on `prefix`: two builds into one prefix would write the same `.partial` files; the second
+    is refused naming the first (a killed build's lock is dropped by the kernel, so it never blocks a rebuild)."""
+    directory, name = os.path.split(os.path.abspath(prefix))
+    path = os.path.join(directory, f".{name}_build.lock")  # it stays (unlinking races with a build locking it)
+    lock, holder = FileLock(path), None
+    if comm.rank == 0:
+        with naming_output(path, what="build lock"):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            holder = lock.acquire()
+    holder = comm.bcast(holder)
+    if holder is not None:
+        raise DataError(f"--data-prefix {prefix}: another data_prep build is writing it ({holder}, lock {path}); "
+                        "wait for it to finish, or pass another --data-prefix")
+    return lock
 
 
 def _build(cfg: BuildConfig, comm: Comm) -> dict:

@@ -28,6 +28,7 @@ ROOMS: list[tuple[int, str, tuple[str, ...]]] = [
     (-1, "Megatron compat", ("megatron_ext.cpu_compat", "megatron_ext.versions")),
     (-1, "command-line grammar", ("pretrain.cli",)),
     (-1, "write faults", ("pretrain.faults",)),
+    (-1, "process locks", ("pretrain.locks",)),
     (0, "positions", ("megatron_ext.positions",)),
     (0, "data", ("data_prep",)),
     (0, "console", ("pretrain.console",)),

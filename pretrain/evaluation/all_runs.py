@@ -40,11 +40,11 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
                  max_batch_tokens: int | None = None, progress: bool = True, say=print,
                  downstream: dict | None = None) -> dict[str, list[str]]:
     """Evaluate the finished, not-yet-evaluated runs under `root`; returns run names by outcome."""
-    from pretrain.evaluation import metrics, report
+    from pretrain.evaluation import memory, metrics, report
     from pretrain.evaluation.downstream_report import carry_over, evaluate_grid
     from pretrain.evaluation.data import load_stream
     from pretrain.evaluation.record import evaluate
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorers import load_scorer, resolve_backend
     from pretrain.runs import discover
 
     root = Path(root)
@@ -69,6 +69,8 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
         try:
             if source is None:
                 raise ValueError("it trained on synthetic tokens: pass --data")
+            memory.check_fits(run.path, memory.requests(run_lengths, context_gain, None, None, 0), num_spans, None,
+                              max_batch_tokens or metrics.MAX_BATCH_TOKENS, resolve_backend(run.path, backend), device)
             scorer = load_scorer(run.path, backend=backend, name=run.name, device=device)
             stream = load_stream(source)
             record = evaluate(scorer, stream, run_lengths, num_spans, gain_contexts=context_gain,

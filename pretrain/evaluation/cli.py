@@ -15,7 +15,7 @@ from . import downstream, memory, report
 from .arguments import default_device, eval_parser
 from .data import TokenStream, load_stream
 from .record import evaluate
-from .scorers import Scorer, load_scorer
+from .scorers import Scorer, load_scorer, resolve_backend
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,10 @@ def _check_record_is_ours(path: Path, source: str) -> None:
 
 def _run(args) -> int:
     # before any weight is read: a length that cannot fit fails in seconds, not after growing past memory
-    memory.check_fits(args.model, args.lengths or [], args.num_spans, args.batch_size, args.max_batch_tokens,
-                      args.backend, args.device)
+    wanted = memory.requests(args.lengths, args.context_gain, args.passkey_lengths, args.ruler_lengths,
+                             args.entropy_spans)
+    memory.check_fits(args.model, wanted, args.num_spans, args.batch_size, args.max_batch_tokens,
+                      resolve_backend(args.model, args.backend), args.device, args.entropy_spans)
     scorer = load_scorer(args.model, backend=args.backend, train_window=args.train_window,
                          rope_scaling=args.rope_scaling, factor=args.factor, name=args.name, device=args.device)
     if not (args.lengths or args.context_gain or args.passkey_lengths or args.ruler_lengths):

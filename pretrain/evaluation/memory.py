@@ -8,6 +8,10 @@ The estimate follows what `eval run --lengths` holds at its peak (fp32 throughou
 - the LM head's logits over HEAD_CHUNK positions (scorers.HEAD_CHUNK) with cross-entropy's log-softmax copy;
 - for the Megatron backend instead: the local attention's L x L scores and probabilities per head, and the
   whole [b, L, V] logits (Megatron fuses the head into forward).
+The other modes that grow with length are estimated from the same terms (`requests`): context gain as a
+--lengths pass at its largest C, passkey / needle as one sequence of the prompt and answer per pass, the attention
+entropy with its L x L probabilities. Under backend "auto" the estimate is the one of the scorer auto picks
+(scorers.resolve_backend: the Megatron model for SSMax or NoPE-interleaved runs, whose L x L term dominates).
 benchmarks/README.md ("Eval peak memory: estimate vs measured") records measured / estimated on CPU.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 FLOAT = 4  # bytes: evaluation runs in float32
 TOKEN = 8  # bytes: int64 token ids
@@ -118,19 +123,32 @@ def available_bytes(device: str) -> int:
     return free if free is not None else 2**63
 
 
-def largest_length(shape: Shape, num_spans: int, batch_size: int | None, max_batch_tokens: int, backend: str,
-                   budget: int) -> int:
-    """The longest --lengths value whose estimate fits `budget` (0 when not even 2 tokens fit)."""
+def entropy_bytes(shape: Shape, length: int, num_spans: int, backend: str) -> int:
+    """Estimated peak bytes of the attention entropy (--entropy-spans) over spans of `length`, one per pass:
+    eager attention's L x L scores and probabilities per head (either backend), their float64 copy and its
+    entropy, and the full [L, V] logits (the pass goes through the whole model)."""
+    return peak_bytes(shape, length, 1, num_spans, "megatron") + 2 * shape.heads * length * length * 8
+
+
+def decode_bytes(shape: Shape, length: int, backend: str) -> int:
+    """Estimated peak bytes of a passkey / needle example of `length` tokens: greedy decoding, each new token a
+    full pass over the prompt and the answer so far (one sequence per pass)."""
+    return peak_bytes(shape, length + DECODE_TOKENS, 1, 1, backend)
+
+
+DECODE_TOKENS = 12  # the longest answer greedy decoding produces (passkey.ruler_niah's max_new_tokens)
+
+
+def largest_length(need: Callable[[int], int], budget: int) -> int:
+    """The longest length whose estimated `need(length)` fits `budget` (0 when not even 2 tokens fit)."""
     low, high = 1, 2
-    while peak_bytes(shape, high, _batch(high, num_spans, batch_size, max_batch_tokens), num_spans, backend) <= budget:
+    while need(high) <= budget:
         low, high = high, high * 2
         if high > 2**40:
             return high
     while high - low > 1:
         middle = (low + high) // 2
-        fits = peak_bytes(shape, middle, _batch(middle, num_spans, batch_size, max_batch_tokens), num_spans,
-                          backend) <= budget
-        low, high = (middle, high) if fits else (low, middle)
+        low, high = (middle, high) if need(middle) <= budget else (low, middle)
     return low if low >= 2 else 0
 
 
@@ -139,20 +157,57 @@ def _batch(length: int, num_spans: int, batch_size: int | None, max_batch_tokens
     return min(num_spans, batch_size or max(1, max_batch_tokens // max(1, length)))
 
 
-def check_fits(source: str | Path, lengths: list[int], num_spans: int, batch_size: int | None,
-               max_batch_tokens: int, backend: str, device: str) -> None:
-    """ValueError (one line) naming --lengths and the largest length that fits, when an estimate exceeds memory."""
+@dataclass(frozen=True)
+class Request:
+    """One evaluation mode that grows with length: the flag that sets its length(s), and what it runs."""
+
+    flag: str  # what the user lowers: --lengths, --context-gain, --passkey-lengths, --ruler-lengths
+    lengths: list[int]
+    mode: str  # "score" (spans batched by --batch-size/--max-batch-tokens), "decode" or "entropy"
+    what: str = ""  # named in the refusal when the mode is not the flag's own (the entropy at max --lengths)
+
+
+def requests(lengths: list[int] | None, context_gain: list[int] | None, passkey_lengths: list[int] | None,
+             ruler_lengths: list[int] | None, entropy_spans: int) -> list[Request]:
+    """The length-growing parts of an `eval run`, as record.evaluate runs them."""
+    found = [Request("--lengths", list(lengths or []), "score"),
+             Request("--context-gain", [max(context_gain)] if context_gain else [], "score",
+                     "context gain (one full pass at the largest C)"),
+             Request("--passkey-lengths", list(passkey_lengths or []), "decode", "passkey"),
+             Request("--ruler-lengths", list(ruler_lengths or []), "decode", "needle")]
+    if entropy_spans and lengths:
+        found.append(Request("--lengths", [max(lengths)], "entropy",
+                             "--entropy-spans (L x L attention probabilities at the largest --lengths)"))
+    return [r for r in found if r.lengths]
+
+
+def check_fits(source: str | Path, wanted: list[Request], num_spans: int, batch_size: int | None,
+               max_batch_tokens: int, backend: str, device: str, entropy_spans: int = 1) -> None:
+    """ValueError (one line) naming the flag and the largest length that fits, when an estimate exceeds memory.
+
+    `backend` is the scorer that will run ("auto" already resolved: scorers.resolve_backend)."""
     shape = model_shape(source)
-    if shape is None or not lengths:
+    if shape is None:
         return
     budget = available_bytes(device)
-    for length in sorted(set(lengths), reverse=True):
-        batch = _batch(length, num_spans, batch_size, max_batch_tokens)
-        need = peak_bytes(shape, length, batch, num_spans, backend)
-        if need > budget:
-            fits = largest_length(shape, num_spans, batch_size, max_batch_tokens, backend, budget)
-            where = "GPU memory free" if str(device).startswith("cuda") else "memory available"
-            raise ValueError(f"--lengths {length} needs about {need / 2**30:.1f} GiB ({batch} span(s) of {length} "
-                             f"tokens per forward pass, {backend} backend) but {budget / 2**30:.1f} GiB is "
-                             f"{where}; the largest length that fits is about {fits} (lower --lengths, "
-                             "or --num-spans / --batch-size)")
+    for request in wanted:
+        def need(length: int, request: Request = request) -> int:
+            if request.mode == "entropy":
+                return entropy_bytes(shape, length, entropy_spans, backend)
+            if request.mode == "decode":
+                return decode_bytes(shape, length, backend)
+            return peak_bytes(shape, length, _batch(length, num_spans, batch_size, max_batch_tokens), num_spans,
+                              backend)
+
+        for length in sorted(set(request.lengths), reverse=True):
+            if need(length) > budget:
+                where = "GPU memory free" if str(device).startswith("cuda") else "memory available"
+                spans = _batch(length, num_spans, batch_size, max_batch_tokens)
+                per_pass = (f"{spans} span(s) of {length} tokens per forward pass" if request.mode == "score"
+                            else f"one sequence of {length}+ tokens per pass")
+                what = f" for {request.what}" if request.what else ""
+                lower = {"score": ", or --num-spans / --batch-size", "entropy": ", or pass --entropy-spans 0"}
+                raise ValueError(f"{request.flag} {length} needs about {need(length) / 2**30:.1f} GiB{what} "
+                                 f"({per_pass}, {backend} backend) but {budget / 2**30:.1f} GiB is {where}; the "
+                                 f"largest length that fits is about {largest_length(need, budget)} (lower "
+                                 f"{request.flag}{lower.get(request.mode, '')})")

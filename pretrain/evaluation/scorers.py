@@ -313,6 +313,31 @@ def _scaling(kind: str | None, factor: float | None, window: int) -> RopeScaling
     return RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=window)
 
 
+def _auto_backend(model_config) -> str:
+    """What backend "auto" scores a Megatron checkpoint of this model with: hf where it exports, else megatron."""
+    from pretrain.hf.export import check_exportable
+
+    try:
+        check_exportable(model_config)
+        return "hf"
+    except ValueError:
+        return "megatron"
+
+
+def resolve_backend(source: str | Path, backend: str) -> str:
+    """The backend load_scorer will use for `source`, read from its recorded config without loading a weight."""
+    path = Path(source)
+    if backend != "auto" or not is_megatron_checkpoint(path):
+        return "hf" if backend == "auto" else backend
+    from pretrain.trainer import config as config_module
+    from pretrain.trainer.checkpoint import read_train_state
+
+    try:
+        return _auto_backend(config_module.from_dict(read_train_state(path)["config"]).model)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "megatron"  # unreadable here, refused by load_scorer; meanwhile the larger estimate
+
+
 def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int | None = None,
                 rope_scaling: str | None = None, factor: float | None = None, name: str | None = None,
                 device: str | torch.device = "cpu") -> Scorer:
@@ -333,13 +358,7 @@ def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int 
 
         model, config = load_for_inference(path)
         if backend == "auto":
-            from pretrain.hf.export import check_exportable
-
-            try:
-                check_exportable(config.model)
-                backend = "hf"
-            except ValueError:
-                backend = "megatron"
+            backend = _auto_backend(config.model)
         window = config.model.seq_length
         if train_window is not None and train_window != window:
             raise ValueError(f"--train-window {train_window} contradicts the checkpoint's "

@@ -86,7 +86,13 @@ def manager_start_method() -> str:
     holds: ~3.5 CPU-s and ~5 s of wall clock per training process on 2 cores (a tiny 3-step run took 19 s
     spawned, 13 s forked). Forking a process without a CUDA context is safe, and the checkpoint writers
     are forked from this same process anyway.
+    The environment's PRETRAIN_HELPER_START=spawn|fork overrides the choice: the stop-signal tests start the
+    server as GPU nodes do on a CPU machine, where a forked one would inherit the trainer's handlers and hide
+    a missing shield.
     """
+    forced = os.environ.get("PRETRAIN_HELPER_START")
+    if forced in ("spawn", "fork"):
+        return forced
     torch = sys.modules.get("torch")
     return "spawn" if torch is not None and torch.cuda.is_initialized() else "fork"
 

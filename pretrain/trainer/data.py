@@ -14,14 +14,11 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 
 import torch
 
+from pretrain.trainer.data_checks import DataError  # noqa: F401 (re-exported)
 from pretrain.trainer.task_data import TaskDataSource, register_task_source, task_source  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from data_prep.manifest import Manifest
-
-
-class DataError(ValueError):
-    """A data_prep build that cannot feed this run; the message names it and the fix."""
 
 
 class SampleSource(Protocol):
@@ -137,9 +134,12 @@ def build_datasets(data_path: str | list, seq_length: int, seed: int, num_train:
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
+    from pretrain.trainer.data_checks import check_indexes, checked
+
     check_data_path(data_path)
     parts = parse_blend(data_path)
     manifests = [check_build(prefix, seq_length) for _, prefix in parts]
+    check_indexes(manifests)  # before Megatron reads them: a damaged index is an AssertionError there
     has_valid = num_valid > 0 and all(m.num_valid_tokens > seq_length + 1 for m in manifests)
     manifest = manifests[0]
     tokenizer = _TokenizerInfo(vocab_size=manifest.vocab_size, eod=manifest.eod_id, pad=manifest.eod_id,
@@ -162,7 +162,7 @@ def build_datasets(data_path: str | list, seq_length: int, seed: int, num_train:
         mid_level_dataset_surplus=0.005)
     train, valid, _ = BlendedMegatronDatasetBuilder(
         GPTDataset, [num_train, num_valid if has_valid else 0, 0], lambda: True, config).build()
-    return train, valid
+    return checked(train, valid, manifests)
 
 
 class DocumentSamples:

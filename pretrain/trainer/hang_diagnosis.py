@@ -11,7 +11,9 @@ got to can, and that is the same on NCCL as on gloo:
   from the store's host): those are named;
 - else the live ranks behind the others, at the lowest (step, phase entry, microbatch), are named: the others
   wait for them at the first collective that needs them;
-- if every rank is at the same point, the report says that every rank waits there, and names the point;
+- if every rank's host is at the same point, the ranks whose GPU has not finished the work queued before it (a
+  CUDA event recorded when each phase ends, still pending: device_progress) are named; without CUDA events, or
+  with every GPU done (or every GPU pending), the report says that every rank waits there, and names the point;
 - a rank that cannot read the heartbeats at all (the store does not answer) names the store's host: rank 0
   under srun (the rendezvous address MASTER_ADDR), torchrun's agent under torchrun.
 """
@@ -22,29 +24,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from pretrain.trainer.device_progress import DeviceProgress
+
 
 class StepCounters:
     """Where this rank's main thread is: written by the loop and the engine, read by the watchdog thread."""
 
-    def __init__(self, step: int = 0) -> None:
+    def __init__(self, step: int = 0, device: DeviceProgress | None = None) -> None:
         self.step = step  # last completed step
         self.phase = "start-up"
         self.entered = 0  # phases entered since the last completed step: the order of the loop's phases
         self.microbatch = 0  # forward passes started in this step's forward-backward
+        self.device = device or DeviceProgress()  # the GPU's side of the same phases (nothing on CPU)
 
     def enter(self, phase: str) -> None:
         """The main thread starts a phase (forward-backward, gradient sync, optimizer, validation, save, ...)."""
+        ended = "the work between steps" if self.phase == "after the step" else self.phase
+        self.device.mark(f"{ended} of step {self.step + 1}")  # after the last kernel of the phase that ends
         self.microbatch = 0
         self.phase = phase
         self.entered += 1
 
     def completed(self, step: int) -> None:
         """A training step completed."""
+        self.device.mark(f"{self.phase} of step {step}")
         self.step, self.phase, self.entered, self.microbatch = step, "after the step", 0, 0
 
     def record(self) -> dict:
         """The counters as a heartbeat carries them."""
-        return {"step": self.step, "phase": self.phase, "entered": self.entered, "microbatch": self.microbatch}
+        return {"step": self.step, "phase": self.phase, "entered": self.entered, "microbatch": self.microbatch,
+                **self.device.record()}
 
 
 def point(record: dict) -> tuple[int, int, int]:
@@ -108,6 +117,11 @@ def diagnose(observer: Observer, step: int, phase: str, setting: str, timeout_s:
         verb = "is" if len(behind) == 1 else "are"
         them = "it" if len(behind) == 1 else "them"
         who = f"{_who(observer, behind, second)} {verb} behind the others, which wait for {them}"
+    elif 0 < len(late := sorted(r for r in second if second[r].get("gpu_pending"))) < observer.world:
+        pending = "; ".join(f"rank {r}: {second[r]['gpu_pending']}" for r in late)
+        who = (f"{_who(observer, late, second)}: its GPU has not finished the work queued before ({pending}) while "
+               "the other ranks' GPUs have; every host waits at the same place for it")
+        behind = late
     else:
         who = (f"every rank still reports and waits at the same place ({where(second[behind[0]])}): a lost link "
                "between them, or ranks calling different collectives")

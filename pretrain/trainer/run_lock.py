@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
-import socket
-import time
 from pathlib import Path
 
+from pretrain.locks import lock_or_holder, open_lock_file, write_holder
 from pretrain.trainer.run_dir import CheckpointError, run_output
 
 
@@ -16,11 +12,9 @@ class RunLock:
     """Exclusive POSIX record lock on <run dir>/.lock, held by rank 0 for a training run's life.
 
     The kernel releases it when the process dies, so a killed run never leaves a stale lock. A POSIX
-    lock (fcntl/lockf), not flock: a flock belongs to the open file, which forked children (Megatron's
-    checkpoint writers) inherit, so a writer outliving a killed trainer kept the run locked; a POSIX
-    lock belongs to the process and is not inherited. Its catch: closing *any* descriptor of the file
-    in the holding process drops it, so nothing else in a trainer opens `.lock`. Across nodes it needs
-    a file system with POSIX locks (NFS with lockd/NFSv4, Lustre mounted with -o flock)."""
+    lock (pretrain/locks.py says why not flock: Megatron's forked checkpoint writers would inherit
+    one); closing *any* descriptor of the file in the holding process drops it, so nothing else in a
+    trainer opens `.lock`."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / ".lock"
@@ -30,22 +24,14 @@ class RunLock:
         """Take the lock, or raise CheckpointError naming the PID and host holding it."""
         with run_output(self.path.parent, self.path, "run lock"):
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
-        try:
-            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as busy:
-            if busy.errno not in (errno.EACCES, errno.EAGAIN):
-                handle.close()
-                raise
-            holder = handle.read().strip() or "a process that has not written its PID yet"
-            handle.close()
+            handle = open_lock_file(self.path)
+        holder = lock_or_holder(handle)
+        if holder is not None:
             raise CheckpointError(f"run directory {self.path.parent} is in use by another training run ({holder}); "
                                   "wait for it to finish, or pass --set checkpoint.save=<another run dir>") from None
         self._handle = handle  # held (and released) even when the PID line below cannot be written
         with run_output(self.path.parent, self.path, "run lock"):
-            handle.truncate(0)
-            handle.write(f"PID {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-            handle.flush()
+            write_holder(handle)
 
     def release(self) -> None:
         """Drop the lock (the file stays: unlinking it would race with a run about to lock it)."""

@@ -132,6 +132,13 @@ def test_the_auto_backend_scores_with_transformers_where_the_checkpoint_exports_
     assert load_scorer(trained["prope"]).backend == ("hf" if HAS_PROPORTIONAL else "megatron")
 
 
+def test_the_memory_check_resolves_auto_to_the_backend_load_scorer_picks(trained):
+    from pretrain.evaluation.scorers import load_scorer, resolve_backend
+
+    for run in trained.values():
+        assert resolve_backend(run, "auto") == load_scorer(run).backend
+
+
 def test_llama4_export_has_no_chunked_layer_and_a_chunk_size_4_57_accepts(trained, tmp_path):
     """transformers 4.57 builds a chunked mask (needs a size) and sizes chunked cache layers even with null
     chunking: every layer is "full_attention" and the size exceeds any length (pretrain.hf.llama4)."""

@@ -5,6 +5,11 @@ signal here goes to the group (os.killpg) while a checkpoint is being written (i
 Megatron's helpers run). A stop signal ends with the stop save and exit 75, and the resumed run follows
 the uninterrupted loss curve bit for bit; a SIGKILL of the trainer leaves no helper process alive and
 no lock behind. Real `python -m pretrain train` runs of the tiny preset on synthetic tokens (~10 s each).
+
+The tests that guard a protection start the checkpoint helper as GPU nodes do (spawned:
+PRETRAIN_HELPER_START=spawn): a forked one inherits the trainer's signal handlers and passes without its
+shield. The kill -9 test freezes the forked writers (SIGSTOP) so that they outlive any window unless the
+fork hook's PR_SET_PDEATHSIG ends them (SIGKILL reaches a stopped process).
 """
 
 import os
@@ -27,9 +32,10 @@ def _overrides(run_dir: Path) -> list[str]:
     return [*RUN, f"schedule.train_iters={STEPS}", f"checkpoint.save={run_dir}"]
 
 
-def _start(run_dir: Path) -> subprocess.Popen:
+def _start(run_dir: Path, helper_start: str = "fork") -> subprocess.Popen:
     """The trainer as the leader of its own process group (as srun and a shell's job control start it)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PRETRAIN_HELPER_START=helper_start)
     return subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *_overrides(run_dir)], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -45,6 +51,46 @@ def wait_inside_save(proc: subprocess.Popen, run_dir: Path, iteration: int, help
         time.sleep(0.002)
     proc.kill()
     raise AssertionError(f"never caught the save of iteration {iteration} in progress ({proc.poll()})")
+
+
+def forked_children(proc: subprocess.Popen) -> list[int]:
+    """The trainer's forked (not exec'ed) live children: its command line, another PID."""
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    own = cmdline(proc.pid)
+    return [pid for pid in group_members(proc.pid) if pid != proc.pid and cmdline(pid) == own]
+
+
+def cpu_ticks(pid: int) -> int:
+    """User + system clock ticks a process has run (0 once gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def freeze_forked_writers(proc: subprocess.Popen, run_dir: Path, timeout: float = 240) -> list[int]:
+    """SIGSTOP the trainer's forked checkpoint writers once one has run a clock tick, after a first checkpoint
+    is complete (the run can resume).
+
+    Not at once: a child stopped before its at-fork hook has run would never have asked for PDEATHSIG; the hook
+    runs inside os.fork, microseconds before anything else, so a child with CPU time on the clock has run it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        saved = (run_dir / "latest_checkpointed_iteration.txt").is_file()
+        writers = [pid for pid in forked_children(proc) if cpu_ticks(pid) >= 1] if saved else []
+        if writers:
+            for pid in writers:
+                os.kill(pid, signal.SIGSTOP)
+            return writers
+        time.sleep(0.002)
+    proc.kill()
+    raise AssertionError(f"never caught a forked checkpoint writer alive ({proc.poll()})")
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +109,17 @@ def assert_same_curve(run_dir: Path, reference: Path) -> None:
             assert got[step] == expected[step], (tag, step)
 
 
-@pytest.mark.parametrize("sig", [
-    "SIGTERM",
-    pytest.param("SIGUSR1", marks=pytest.mark.slow),
-    pytest.param("SIGINT", marks=pytest.mark.slow),
+@pytest.mark.parametrize("sig, helper_start", [
+    ("SIGTERM", "spawn"),
+    pytest.param("SIGUSR1", "fork", marks=pytest.mark.slow),
+    pytest.param("SIGINT", "fork", marks=pytest.mark.slow),
 ])
 def test_stop_signal_to_the_process_group_inside_a_save_saves_exits_75_and_resumes_bitwise(
-        uninterrupted, tmp_path, sig):
+        uninterrupted, tmp_path, sig, helper_start):
     from pretrain.trainer.config import REQUEUE_EXIT_CODE
 
     run_dir = tmp_path / "run"
-    proc = _start(run_dir)
+    proc = _start(run_dir, helper_start)
     wait_inside_save(proc, run_dir, 2, helpers=1)
     os.killpg(proc.pid, getattr(signal, sig))
     output = proc.communicate(timeout=180)[0]
@@ -108,11 +154,13 @@ def test_a_second_ctrl_c_abandons_the_stop_save_in_one_line_and_the_run_resumes_
 
 def test_kill_9_of_the_trainer_inside_a_save_leaves_no_helper_alive_and_no_lock(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start(run_dir)
-    wait_inside_save(proc, run_dir, 2, helpers=2)  # the results-queue server and a forked writer at least
+    proc = _start(run_dir, "spawn")  # the results-queue server exec'ed: every forked child is a writer
+    writers = freeze_forked_writers(proc, run_dir)
     proc.send_signal(signal.SIGKILL)  # the trainer alone: its helpers must notice
     proc.wait(timeout=30)
-    assert wait_group_gone(proc.pid) == [], "a checkpoint helper outlived the killed trainer"
+    left = wait_group_gone(proc.pid)
+    assert not set(left) & set(writers), f"a frozen checkpoint writer outlived the killed trainer: {left}"
+    assert left == [], "a checkpoint helper outlived the killed trainer"
     assert f"PID {proc.pid} " in (run_dir / ".lock").read_text()  # the dead run's lock file is left ...
     resumed = run_train(_overrides(run_dir))  # ... and taken over at once
     assert "resumed from iteration" in resumed.stdout
