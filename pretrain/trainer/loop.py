@@ -22,6 +22,7 @@ from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dic
 from pretrain.trainer.data import (DataError, DocumentSamples, SyntheticTokens, build_datasets, document_eod,
                                    step_batches, task_source)
 from pretrain.trainer.engine import Engine
+from pretrain.trainer.health import Health
 from pretrain.trainer.metrics import Metrics, config_summary
 from pretrain.trainer.run_lock import RunLock
 from pretrain.trainer.stragglers import StepTimes
@@ -193,7 +194,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     metrics = Metrics(config, total_iters, start, run_config=resolved)
     exit_code = 0
     window_start, window_steps = time.time(), 0
-    skipped_in_row = 0
+    skipped_in_row, health = 0, Health(run_dir)
     step_times, straggler_interval = StepTimes(engine), config.logging.straggler_interval
     try:
         for step in range(start, total_iters):
@@ -208,6 +209,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
             watchdog.progress(done)
             metrics.step(done, f"loss {result.loss:.4f}")
             skipped_in_row = 0 if result.update_successful else skipped_in_row + 1
+            health.step(done, result.loss, result.update_successful)  # pruning keeps the last healthy checkpoint
             if skipped_in_row:
                 _skipped(config, metrics, result, done, total_iters, skipped_in_row)
             if done % config.logging.log_interval == 0 or done == total_iters:

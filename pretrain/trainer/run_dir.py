@@ -38,6 +38,7 @@ from pretrain.faults import WRITE_FAULTS, OutputError, human_bytes, naming_outpu
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "train_state.json"
+HEALTH = "health.json"  # the last healthy checkpoint: kept by pruning (record_trouble)
 WANDB_STATE = Path("wandb", "run.json")  # the run directory's W&B run id and last logged step (tracking.py)
 _ITER = re.compile(r"iter_(\d{7})")
 FRESH_START = ("pass --set checkpoint.save=<new run dir> to start the run elsewhere, or --set "
@@ -387,5 +388,28 @@ def failed_save_error(run_dir: Path, iteration: int, code: int) -> OutputError:
 def _prune(run_dir: Path, keep_last: int) -> None:
     for stale in run_dir.glob("iter_*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
-    for _, old in checkpoints(run_dir)[keep_last:]:
-        shutil.rmtree(old, ignore_errors=True)
+    healthy = last_healthy(run_dir)
+    for iteration, old in checkpoints(run_dir)[keep_last:]:
+        if iteration != (healthy or {}).get("iteration"):  # kept beside the newer ones, never instead of them
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def record_trouble(run_dir: Path, step: int, what: str) -> None:
+    """Rank 0, at the first skipped update or loss spike after a healthy step: the newest checkpoint saved
+    before `step` becomes the last healthy one, which pruning keeps (`runs` shows it)."""
+    if rank() != 0:
+        return
+    before = next((n for n, path in checkpoints(run_dir) if n < step and verify(path, checksums=False) is None), None)
+    if before is None:
+        return
+    with run_output(run_dir, run_dir / HEALTH, "the record of the last healthy checkpoint"):
+        _write_durably(run_dir / HEALTH, json.dumps({"iteration": before, "step": step, "trouble": what}))
+
+
+def last_healthy(run_dir: str | Path) -> dict | None:
+    """{"iteration", "step", "trouble"}: the newest checkpoint saved before the latest trouble, or None."""
+    try:
+        record = json.loads((Path(run_dir) / HEALTH).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("iteration"), int) else None
