@@ -79,4 +79,5 @@ def test_numbers_in_exponent_form_fill_an_integer_field_when_whole():
 
 def test_booleans_and_a_nested_mapping_parse():
     config = config_module.load(None, ["data.synthetic=true", "logging.wandb={project: p, mode: offline}"])
-    assert config.data.synthetic is True and (config.logging.wandb.project, config.logging.wandb.mode) == ("p", "offline")
+    wandb = config.logging.wandb
+    assert config.data.synthetic is True and (wandb.project, wandb.mode) == ("p", "offline")

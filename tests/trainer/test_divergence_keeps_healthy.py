@@ -40,8 +40,8 @@ def test_runs_names_the_last_healthy_checkpoint(diverged):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "pretrain", "runs", str(run_dir)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
-    assert f"last healthy checkpoint: iter_{first - 1:07d} (before the update skipped at step {first})" in proc.stdout, \
-        proc.stdout + proc.stderr
+    expected = f"last healthy checkpoint: iter_{first - 1:07d} (before the update skipped at step {first})"
+    assert expected in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_loss_far_above_the_recent_mean_is_a_spike():
