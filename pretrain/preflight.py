@@ -10,8 +10,9 @@ two commands and records what they said:
 
 The plan prints to the terminal exactly as `python -m pretrain plan` does; its exit code goes to RESULTS_DIR/plan.rc
 (absent without --plan). The pre-flight's output goes to RESULTS_DIR/preflight.out and its exit code to
-RESULTS_DIR/preflight.rc. A check that cannot run at all (no torch on a login node) leaves its .rc file absent,
-which the launcher reports as a warning, as it did for a command that could not start.
+RESULTS_DIR/preflight.rc; a plan that crashes leaves its traceback in RESULTS_DIR/plan.crash (the pre-flight's is in
+its .out). A check that crashes (exit 1) or cannot run at all (no torch on a login node: its .rc file absent) stops
+the launcher with exit 2 unless SKIP_PREFLIGHT=1 (slurm/README.md).
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ import traceback
 from pathlib import Path
 
 
-def _exit_code(argv: list[str]) -> int:
-    """`python -m pretrain ARGV`'s exit code, whether returned or raised (argparse's SystemExit); a crash is
-    printed and is exit code 1, as the command alone would have ended, and the other check still runs."""
+def _exit_code(argv: list[str], crash: Path | None = None) -> int:
+    """`python -m pretrain ARGV`'s exit code, whether returned or raised (argparse's SystemExit); a crash is exit
+    code 1, as the command alone would have ended, with its traceback written to `crash` (else printed), whose
+    last line the launcher quotes when it stops; the other check still runs."""
     from pretrain.__main__ import main as pretrain
 
     try:
         return int(pretrain(argv) or 0)
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else 2
-    except Exception:  # noqa: BLE001  reported as a warning by the launcher, which goes on as before
-        traceback.print_exc()
+    except Exception:  # noqa: BLE001  the launcher stops on it (exit 2) unless SKIP_PREFLIGHT=1
+        if crash is None:
+            traceback.print_exc()
+        else:
+            crash.write_text(traceback.format_exc())
         return 1
 
 
@@ -71,7 +76,7 @@ def main(argv: list[str]) -> int:
     """Run the plan (when asked) and the pre-flight; 0 once both outcomes are recorded."""
     results, plan_args, train_args = split(argv)
     if plan_args is not None:
-        code = _exit_code(["plan", *plan_args])
+        code = _exit_code(["plan", *plan_args], crash=results / "plan.crash")
         (results / "plan.rc").write_text(f"{code}\n")
     # A login node has no GPU: the job checks its own device (pretrain.trainer.cli.DEVICE_CHECK_IN_JOB).
     before = os.environ.get("POSAUG_DEVICE_CHECK_IN_JOB")

@@ -116,6 +116,7 @@ def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = 
     from pretrain.trainer import config as config_module
     from pretrain.trainer.checkpoint import latest_iteration
     from pretrain.trainer.metrics import read_status, status_problem
+    from pretrain.trainer.run_dir import last_healthy
 
     name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
     iteration = latest_iteration(run_dir) or 0
@@ -131,6 +132,9 @@ def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = 
     else:
         state, detail = _state(status, iteration, train_iters, stale_after_s)
     method = method_name(config.positions, config.model.seq_length, config.model)
+    healthy = last_healthy(run_dir)
+    if healthy is not None:  # pruning keeps it: the checkpoint to restart from after a divergence
+        detail += (f"; last healthy checkpoint: iter_{healthy['iteration']:07d} (before the {healthy['trouble']})")
     return Run(run_dir, name, size_name(config.model), method,
                config.seed, iteration, train_iters, state, detail, config)
 

@@ -247,11 +247,22 @@ printf '[posaug-slurm] command:'
 printf ' %q' "${SRUN_CMD[@]}" "${TRAIN_CMD[@]}"
 printf '\n'
 
+# _skip_or_die WHAT WHY: a check that could not run (or crashed) stops the launcher (exit 2) unless SKIP_PREFLIGHT=1
+# (slurm/README.md): a check that cannot run must not pass for one that passed. A check that ran and refused is
+# never skipped.
+_skip_or_die() {
+    if [ "${SKIP_PREFLIGHT:-0}" = 1 ]; then
+        _log "WARNING: $1 could not run ($2); continuing without it because SKIP_PREFLIGHT=1"
+    else
+        _die "$1 could not run ($2); fix that (e.g. PYTHON=<a python with torch and this project>) or set SKIP_PREFLIGHT=1 to go on without it"
+    fi
+}
+
 # ---- plan and pre-flight, in one Python process (pretrain/preflight.py: one torch import, not two) --------
 # plan: memory per GPU and wall clock before anything starts (pretrain/plan, slurm/README.md). Refuses (exit 2)
 # when the predicted peak exceeds the GPU's memory; --no-plan-check / PLAN_CHECK=0 starts anyway. PLAN_GPU names
-# the GPU model (python -m pretrain plan --help lists them). A plan that cannot run at all (no Python with torch
-# on this host, e.g. a container-only setup) is a warning, not a refusal.
+# the GPU model (python -m pretrain plan --help lists them). A plan or pre-flight that cannot run at all (no Python
+# with torch on this host, e.g. a container-only setup) or crashes stops the launcher too, unless SKIP_PREFLIGHT=1.
 # pre-flight: `train --check` loads the config as the trainer will, checks the layout for WORLD_SIZE ranks, the
 # data prefix (manifest and shards present, enough tokens) and that the data's tokenizer fits model.vocab_size.
 # The same check refuses the submit path, shows in the dry run, and ends a plain-sbatch job in its first
@@ -287,6 +298,7 @@ set -e
 _plan_rc=$(cat "$_CHECKS/plan.rc" 2>/dev/null || echo "$_checks_rc")
 _preflight_rc=$(cat "$_CHECKS/preflight.rc" 2>/dev/null || echo "$_checks_rc")
 _preflight=$(cat "$_CHECKS/preflight.out" 2>/dev/null || true)
+_plan_crash=$(grep -v '^\s*$' "$_CHECKS/plan.crash" 2>/dev/null | tail -n1 || true)
 rm -rf "$_CHECKS"
 
 if [ "$DEVICE" = gpu ]; then
@@ -296,7 +308,7 @@ if [ "$DEVICE" = gpu ]; then
         fi
         _log "WARNING: the plan says this run does not fit; starting anyway (--no-plan-check)"
     elif [ "$_plan_rc" != 0 ]; then
-        _log "WARNING: could not run the plan ($PYTHON -m pretrain plan exited $_plan_rc); starting without it"
+        _skip_or_die "the plan" "$PYTHON -m pretrain plan exited $_plan_rc${_plan_crash:+: $_plan_crash}"
     fi
 else
     _log "plan: skipped (CPU run, no GPU memory to check)"
@@ -309,9 +321,10 @@ if [ "$_preflight_rc" = 2 ]; then
     _die "refused before $( [ "$DRY_RUN" = 1 ] && echo "submitting (dry run, nothing queued)" \
         || { [ "$SUBMIT" = 1 ] && echo "submitting (nothing queued)" || echo "building the model"; }): ${_reason}"
 elif [ "$_preflight_rc" != 0 ]; then
-    # the check could not run here (e.g. a login node whose python has no torch, the container's has): as for
-    # the plan, a warning; the trainer validates the same config when it starts
-    _log "WARNING: could not run the pre-flight check ($PYTHON -m pretrain train --check exited $_preflight_rc: ${_reason:-no output}); continuing without it"
+    # the check could not run here or crashed (e.g. a login node whose python has no torch): fail closed, since a
+    # submit would queue a job that may die at start; SKIP_PREFLIGHT=1 says to go on (the trainer validates the
+    # same config when it starts)
+    _skip_or_die "the pre-flight check" "$PYTHON -m pretrain train --check exited $_preflight_rc: ${_reason:-no output}"
 else
     _log "pre-flight: ${_preflight##*$'\n'}"
 fi

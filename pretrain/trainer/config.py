@@ -17,6 +17,7 @@ import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
 from pretrain.table import model_preset
+from pretrain.trainer.config_ranges import check_range
 from pretrain.trainer.config_values import coerce, parse_value, read_yaml
 from pretrain.trainer.data import check_data_path, parse_blend, task_source
 from megatron_ext.positions import PositionConfig
@@ -307,26 +308,38 @@ NESTED = {("logging", "wandb")}  # fields that are sections of their own
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `section.field=value` strings to a raw config dict (copy)."""
+    """Apply `section.field=value` strings to a raw config dict (copy); each value is read by its field's type
+    (config_values.parse_value), so `@data/owt` or `#x` is a string, never YAML syntax or null."""
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected key=value, e.g. --set optimizer.lr=3e-4")
         key, value = item.split("=", 1)
-        parts = key.strip().split(".")
+        key = key.strip()
+        parts = key.split(".")
         if len(parts) == 1 and parts[0] in TOP_LEVEL:
-            raw[parts[0]] = parse_value(value)
+            raw[parts[0]] = parse_value(key, _annotation(TrainConfig, key, parts[0]), value)
         elif len(parts) == 2 and parts[0] in SECTIONS:
-            raw.setdefault(parts[0], {})[parts[1]] = parse_value(value)
+            raw.setdefault(parts[0], {})[parts[1]] = parse_value(key, _annotation(SECTIONS[parts[0]], key, parts[1]),
+                                                                 value)
         elif len(parts) == 3 and tuple(parts[:2]) in NESTED:  # logging.wandb.project=...
             section = raw.setdefault(parts[0], {})
             nested = section.get(parts[1])
-            section[parts[1]] = {**(nested if isinstance(nested, dict) else {}), parts[2]: parse_value(value)}
+            parsed = parse_value(key, _annotation(WandbConfig, key, parts[2]), value)
+            section[parts[1]] = {**(nested if isinstance(nested, dict) else {}), parts[2]: parsed}
         else:
             raise ValueError(f"--set {key}: unknown key; use one of {', '.join(TOP_LEVEL)} or "
                              f"<section>.<field> with section in {', '.join(SECTIONS)} "
                              f"(nested: logging.wandb.<field>)")
     return raw
+
+
+def _annotation(cls: type, key: str, name: str) -> Any:
+    """The annotation of field `name` of `cls`; an unknown field is named with the allowed ones."""
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    if name not in fields:
+        raise ValueError(f"--set {key}: unknown field {name!r}; allowed: {', '.join(sorted(fields))}")
+    return fields[name]
 
 
 def from_dict(raw: dict) -> TrainConfig:
@@ -341,6 +354,7 @@ def from_dict(raw: dict) -> TrainConfig:
     for key in ("name", "preset"):
         if kwargs.get(key) is not None and not isinstance(kwargs[key], str):
             raise ValueError(f"{key} must be a string, got {kwargs[key]!r}")
+    check_range("seed", kwargs.get("seed"))
     for section, cls in SECTIONS.items():
         if not isinstance(raw.get(section) or {}, dict):
             raise ValueError(f"config section '{section}' must be a mapping of <field>: <value> lines, got "
@@ -353,6 +367,8 @@ def from_dict(raw: dict) -> TrainConfig:
                              f"allowed: {', '.join(sorted(names))}")
         values = {name: coerce(section, f, values[name]) for name, f in
                   ((f.name, f) for f in dataclasses.fields(cls)) if name in values}
+        for name, value in values.items():
+            check_range(f"{section}.{name}", value)
         if section == "model" and raw.get("preset"):
             kwargs[section] = model_preset(raw["preset"], **values)
         else:
@@ -369,9 +385,13 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> TrainCo
             candidates = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
             raise ValueError(f"config file {path} not found; shipped configs are in {CONFIG_DIR}: "
                              f"{', '.join(candidates[:8])}{' ...' if len(candidates) > 8 else ''}")
-        raw = read_yaml(path) or {}
+        raw = read_yaml(path)
+        if raw is None:  # an empty file (or only comments) would silently train the built-in defaults
+            raise ValueError(f"config file {path} is empty; write its sections (model:, schedule:, ...) or drop "
+                             "--config to start from the defaults")
         if not isinstance(raw, dict):
-            raise ValueError(f"config file {path} must hold a mapping of sections")
+            raise ValueError(f"config file {path} must hold a mapping of sections (model:, schedule:, ...), "
+                             f"got {type(raw).__name__}")
     return from_dict(apply_overrides(raw, overrides or []))
 
 

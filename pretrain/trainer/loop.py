@@ -22,6 +22,7 @@ from pretrain.trainer.config import REQUEUE_EXIT_CODE, TrainConfig, dump, to_dic
 from pretrain.trainer.data import (DataError, DocumentSamples, Prefetcher, SyntheticTokens, build_datasets,
                                    document_eod, step_batches, task_source)
 from pretrain.trainer.engine import Engine
+from pretrain.trainer.health import Health
 from pretrain.trainer.metrics import Metrics, config_summary
 from pretrain.trainer.run_lock import RunLock
 from pretrain.trainer.stragglers import StepTimes
@@ -199,7 +200,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
     metrics = Metrics(config, total_iters, start, run_config=resolved)
     exit_code = 0
     window_start, window_steps = time.time(), 0
-    skipped_in_row = 0
+    skipped_in_row, health = 0, Health(run_dir)
     step_times, straggler_interval = StepTimes(engine), config.logging.straggler_interval
     # data.prefetch: the next step's microbatches are read and stacked while this one trains
     prefetch = Prefetcher(train_data, start, total_iters, gbs, dp_rank, dp_size, mbs) if config.data.prefetch else None
@@ -222,6 +223,8 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                 progress_postfix = f"loss {result.loss:.4f}"
             metrics.step(done, progress_postfix)
             skipped_in_row = 0 if result.update_successful else skipped_in_row + 1
+            # pruning keeps the last healthy checkpoint; the loss only where it is read anyway
+            health.step(done, result.loss if log_step or skipped_in_row else None, result.update_successful)
             if skipped_in_row:
                 _skipped(config, metrics, result, done, total_iters, skipped_in_row)
             if log_step:

@@ -38,6 +38,7 @@ from pretrain.faults import WRITE_FAULTS, OutputError, human_bytes, naming_outpu
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "train_state.json"
+HEALTH = "health.json"  # the last healthy checkpoint: kept by pruning (record_trouble)
 WANDB_STATE = Path("wandb", "run.json")  # the run directory's W&B run id and last logged step (tracking.py)
 _ITER = re.compile(r"iter_(\d{7})")
 FRESH_START = ("pass --set checkpoint.save=<new run dir> to start the run elsewhere, or --set "
@@ -159,7 +160,7 @@ def plan_resume(run_dir: str | Path, *, overwrite: bool = False) -> Resume:
     has_marker = (run_dir / LATEST).exists()
     resume, damaged = Resume(), []
     for _, path in found:
-        reason = verify(path, checksums=True)
+        reason = verified(path)
         if reason is None:
             resume.candidates.append(path)
         else:
@@ -236,27 +237,52 @@ def latest_iteration(run_dir: str | Path) -> int | None:
 
 
 _warned: set[str] = set()
+_intact: dict[str, tuple[int, int, int]] = {}  # checkpoint dir -> its train_state.json's stat when it verified
+
+
+def verified(path: str | Path) -> str | None:
+    """verify(path) with checksums, as resume does, remembered in this process while the checkpoint's
+    train_state.json is unchanged: a reader resolves one checkpoint several times, and hashing a large one
+    takes minutes."""
+    path = Path(path)
+    try:
+        stat = (path / STATE).stat()
+        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        key = None
+    if key is not None and _intact.get(str(path)) == key:
+        return None
+    reason = verify(path, checksums=True)
+    if reason is None and key is not None:
+        _intact[str(path)] = key
+    return reason
 
 
 def resolve(path: str | Path) -> Path:
-    """A checkpoint directory from a run directory (its newest intact one) or an iter_* directory."""
+    """The one resolution of a checkpoint for every reader (resume, checkpoint.load, eval, export-hf, the task
+    suite, selfcheck): from a run directory its newest intact checkpoint (sizes and sha256 checksums as recorded
+    in train_state.json), saying in one warning which damaged ones it skipped; an iter_* directory as named,
+    refused (DamagedCheckpointError naming the file) when damaged."""
     path = Path(path)
     if (path / STATE).exists() or _ITER.fullmatch(path.name):
-        reason = verify(path, checksums=False)
+        reason = verified(path)
         if reason:
+            intact = next((c for _, c in checkpoints(path.parent) if c != path and verified(c) is None), None)
+            instead = f" ({intact} is intact)" if intact is not None else ""
             raise DamagedCheckpointError(f"checkpoint {path} is damaged: {reason}; pass an intact iter_* "
-                                         "directory, or the run directory to use its newest intact checkpoint")
+                                         f"directory{instead}, or the run directory to use its newest intact "
+                                         "checkpoint")
         return path
     damaged = []
     for _, candidate in checkpoints(path):
-        reason = verify(candidate, checksums=False)
+        reason = verified(candidate)
         if reason is None:
-            for note in damaged:
-                if note not in _warned:
-                    _warned.add(note)
-                    log.warning(f"skipping {note}; using {candidate}")
+            note = f"skipping the damaged {'; '.join(damaged)}; using {candidate}"
+            if damaged and note not in _warned:
+                _warned.add(note)
+                log.warning(note)
             return candidate
-        damaged.append(f"{candidate}: {reason}")
+        damaged.append(f"{candidate.name} ({reason})")
     if damaged:
         raise DamagedCheckpointError(f"{path} holds no intact checkpoint ({'; '.join(damaged)}); "
                                      "pass a run directory or iter_* directory with an intact checkpoint")
@@ -362,5 +388,28 @@ def failed_save_error(run_dir: Path, iteration: int, code: int) -> OutputError:
 def _prune(run_dir: Path, keep_last: int) -> None:
     for stale in run_dir.glob("iter_*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
-    for _, old in checkpoints(run_dir)[keep_last:]:
-        shutil.rmtree(old, ignore_errors=True)
+    healthy = last_healthy(run_dir)
+    for iteration, old in checkpoints(run_dir)[keep_last:]:
+        if iteration != (healthy or {}).get("iteration"):  # kept beside the newer ones, never instead of them
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def record_trouble(run_dir: Path, step: int, what: str) -> None:
+    """Rank 0, at the first skipped update or loss spike after a healthy step: the newest checkpoint saved
+    before `step` becomes the last healthy one, which pruning keeps (`runs` shows it)."""
+    if rank() != 0:
+        return
+    before = next((n for n, path in checkpoints(run_dir) if n < step and verify(path, checksums=False) is None), None)
+    if before is None:
+        return
+    with run_output(run_dir, run_dir / HEALTH, "the record of the last healthy checkpoint"):
+        _write_durably(run_dir / HEALTH, json.dumps({"iteration": before, "step": step, "trouble": what}))
+
+
+def last_healthy(run_dir: str | Path) -> dict | None:
+    """{"iteration", "step", "trouble"}: the newest checkpoint saved before the latest trouble, or None."""
+    try:
+        record = json.loads((Path(run_dir) / HEALTH).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("iteration"), int) else None

@@ -14,12 +14,12 @@ from pretrain.trainer import config as config_module
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model.num_layers=[2]", "model.num_layers must be an integer, got [2] (list)"),
-    ("model.num_layers=true", "model.num_layers must be an integer, got True (bool)"),
+    ("model.num_layers=[2]", "model.num_layers must be an integer, got '[2]'"),
+    ("model.num_layers=true", "model.num_layers must be an integer, got 'true'"),
     ("model.num_layers=", "model.num_layers must be an integer, got nothing (an empty value)"),
-    ("optimizer.lr=fast", "optimizer.lr must be a number, got 'fast' (str)"),
-    ("checkpoint.overwrite=1", "checkpoint.overwrite must be true or false, got 1 (int)"),
-    ("seed=true", "seed must be an integer, got True"),
+    ("optimizer.lr=fast", "optimizer.lr must be a number, got 'fast'"),
+    ("checkpoint.overwrite=1", "checkpoint.overwrite must be true or false, got '1'"),
+    ("seed=true", "seed must be an integer, got 'true'"),
 ])
 def test_a_field_of_the_wrong_type_is_refused_naming_it(override, message):
     with pytest.raises(ValueError, match=re.escape(message)):
