@@ -52,12 +52,12 @@ def pretrain(*args: str) -> subprocess.CompletedProcess:
 
 
 def export(checkpoint, out) -> subprocess.CompletedProcess:
-    return pretrain("export-hf", "--checkpoint", str(checkpoint), "--output", str(out), "--no-tokenizer")
+    return pretrain("export-hf", str(checkpoint), "--output", str(out), "--no-tokenizer")
 
 
 def evaluate(model, tiny_shards, out) -> subprocess.CompletedProcess:
     return pretrain("eval", "run", str(model), "--data", tiny_shards, "--lengths", "32", "--num-spans", "2",
-                    "--backend", "megatron", "--out", str(out))
+                    "--backend", "megatron", "--output", str(out))
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:

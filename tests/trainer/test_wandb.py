@@ -255,7 +255,7 @@ def test_wandb_section_accepts_nested_overrides_and_rejects_unknown_fields():
     config = _config("logging.wandb.project=posaug", "logging.wandb.entity=my-team")
     assert (config.logging.wandb.project, config.logging.wandb.entity, config.logging.wandb.mode) == \
         ("posaug", "my-team", None)
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['projct'\] in logging.wandb"):
+    with pytest.raises(ValueError, match=r"logging.wandb.projct: unknown field 'projct'; allowed: entity, mode, project"):
         _config("logging.wandb.projct=posaug")
     with pytest.raises(ValueError, match="logging.wandb.mode must be one of online, offline, disabled"):
         _config("logging.wandb.mode=cloud")
