@@ -18,6 +18,7 @@ RECOMPUTE_METHODS = (None, "uniform", "block")
 # attention bias -m_h·|p_i - p_j| from the same positions (megatron_ext.alibi).
 POSITION_EMBEDDING_TYPES = ("rope", "none", "alibi")
 CORE_ATTENTIONS = ("sdpa", "megatron")  # model.core_attention (megatron_ext.sdpa_attention)
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")  # Megatron's TransformerConfig.softmax_type (sinks)
 
 
 @dataclass
@@ -76,6 +77,20 @@ class ModelConfig:
     # SSMax: every logit × s·log n, n = keys the query sees (per document under document masking; not with
     # alibi or context parallelism); None = softmax
     ssmax_scale: float | None = None
+    # Long-context recipes of production models (megatron_ext.local_attention states the rules), Megatron's own
+    # TransformerConfig options: QK-norm (Qwen3, OLMo 2, Gemma 3): RMSNorm of each head's q and k before RoPE;
+    qk_layernorm: bool = False
+    # sliding-window layers: query i sees keys i - window_size .. i (Megatron's window_size (W, 0); HF's
+    # sliding_window = W + 1 keys); every window_attn_skip_freq-th layer is global (full causal; Gemma 3: 6 = 5:1),
+    # None = every layer local; rotary_base_local: the local layers' RoPE base (None = rotary_base; Gemma 3: 10k
+    # local, 1M global). RoPE or NoPE per kind: no_rope_freq = window_attn_skip_freq makes the global layers NoPE
+    # (RNoPE-SWA);
+    window_size: int | None = None
+    window_attn_skip_freq: int | None = None
+    rotary_base_local: float | None = None
+    # attention sinks: "learnable" adds a learned per-head logit s_h to every softmax denominator (gpt-oss),
+    # "off-by-one" a fixed s_h = 0 (exp(0) = 1); vanilla = plain softmax.
+    softmax_type: str = "vanilla"
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -116,6 +131,7 @@ class ModelConfig:
             raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES} (got {self.fp8_recipe!r})")
         self._check_recompute()
         self._check_position_options()
+        self._check_recipe_options()
         if self.use_rope_scaling:
             if self.position_embedding_type != "rope":
                 raise ValueError("model.use_rope_scaling (Llama 3 RoPE scaling) needs "
@@ -147,6 +163,61 @@ class ModelConfig:
             # The query scaling multiplies q·k only; ALiBi's bias is added after it, so SSMax would miss it.
             raise ValueError("model.ssmax_scale (SSMax) with model.position_embedding_type=alibi is not supported "
                              "(SSMax would scale q·k but not ALiBi's bias); use rope or none with SSMax")
+
+    def _check_recipe_options(self) -> None:
+        """Sliding windows, per-kind RoPE base and sinks (ValueError naming the field and the fix)."""
+        if self.softmax_type not in SOFTMAX_TYPES:
+            raise ValueError(f"model.softmax_type must be one of {SOFTMAX_TYPES} (got {self.softmax_type!r})")
+        if self.window_size is None:
+            for name in ("window_attn_skip_freq", "rotary_base_local"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"model.{name} applies to sliding-window layers: set model.window_size or "
+                                     f"drop model.{name}")
+            return
+        if self.window_size < 1:
+            raise ValueError(f"model.window_size must be >= 1 keys before the query, or null (got {self.window_size})")
+        if self.window_attn_skip_freq is not None and self.window_attn_skip_freq < 1:
+            raise ValueError(f"model.window_attn_skip_freq must be >= 1 (every N-th layer global) or null "
+                             f"(got {self.window_attn_skip_freq})")
+        if self.position_embedding_type == "alibi":
+            raise ValueError("model.window_size with model.position_embedding_type=alibi is not supported (the ALiBi "
+                             "core attention is Megatron's, whose window mask replaces the document mask): use rope")
+        if self.transformer_impl == "local" and self.core_attention != "sdpa":
+            raise ValueError("model.window_size needs model.core_attention=sdpa with transformer_impl=local "
+                             "(Megatron's unfused attention replaces the document mask by its window mask)")
+        if self.rotary_base_local is not None:
+            if self.position_embedding_type != "rope" or self.rope_proportion < 1.0 or self.use_rope_scaling:
+                raise ValueError("model.rotary_base_local needs model.position_embedding_type=rope without p-RoPE "
+                                 "(model.rope_proportion < 1) or model.use_rope_scaling")
+            if self.rotary_base_local <= 1:
+                raise ValueError(f"model.rotary_base_local must be > 1 (got {self.rotary_base_local})")
+
+    def local_layers(self) -> list[bool]:
+        """Per layer (index 0 = layer 1): True for a sliding-window layer (Megatron's is_layer_window_attention)."""
+        if self.window_size is None:
+            return [False] * self.num_layers
+        if self.window_attn_skip_freq is None:
+            return [True] * self.num_layers
+        return [(layer + 1) % self.window_attn_skip_freq != 0 for layer in range(self.num_layers)]
+
+    def global_rope_layers(self) -> list[bool] | None:
+        """Per layer: True for a full-attention layer with RoPE (what positions.layer_mode=global scales); None
+        without sliding-window layers."""
+        from megatron_ext.positions import nope_layers
+
+        if self.window_size is None:
+            return None
+        nope = (nope_layers(self.num_layers, self.no_rope_freq) if self.no_rope_freq is not None
+                else [self.position_embedding_type != "rope"] * self.num_layers)
+        return [not local and not no for local, no in zip(self.local_layers(), nope)]
+
+    def local_inv_freq(self, device: torch.device | str | None = None) -> torch.Tensor | None:
+        """The local layers' RoPE inverse frequencies (model.rotary_base_local), None when they share rotary_base."""
+        from megatron_ext.positions import rope_inv_freq
+
+        if self.rotary_base_local is None:
+            return None
+        return rope_inv_freq(self.rotary_dim, self.rotary_base_local, device)
 
     @property
     def scales_queries(self) -> bool:
@@ -180,6 +251,9 @@ class ModelConfig:
 
     def check_positions(self, strategy: str, rope_scaling: str | None) -> None:
         """Refuse position settings that would drop the model's own Llama 3 scaling (ValueError naming them)."""
+        if self.rotary_base_local is not None and (strategy == "random_base" or rope_scaling not in (None, "none")):
+            raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would replace the RoPE "
+                             "frequencies of every layer, local ones (model.rotary_base_local) included: drop it")
         if self.rope_proportion < 1.0 and (strategy == "random_base" or rope_scaling not in (None, "none")):
             raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would rebuild plain "
                              "RoPE frequencies and drop p-RoPE's (model.rope_proportion < 1): drop it")
@@ -224,6 +298,8 @@ class ModelConfig:
         h, f, d = self.hidden_size, self.ffn_hidden_size, self.kv_channels
         q, kv = self.num_attention_heads * d, self.num_query_groups * d
         attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.add_qkv_bias else 0)
+        attention += (2 * d if self.qk_layernorm else 0) + (self.num_attention_heads
+                                                            if self.softmax_type == "learnable" else 0)
         mlp = h * 2 * f + f * h  # SwiGLU: gate and up in fc1, down in fc2
         norms = 2 * h
         return self.num_layers * (attention + mlp + norms) + h  # + final norm
