@@ -77,19 +77,17 @@ class ModelConfig:
     # SSMax: every logit × s·log n, n = keys the query sees (per document under document masking; not with
     # alibi or context parallelism); None = softmax
     ssmax_scale: float | None = None
-    # Long-context recipes of production models (megatron_ext.local_attention states the rules), Megatron's own
-    # TransformerConfig options: QK-norm (Qwen3, OLMo 2, Gemma 3): RMSNorm of each head's q and k before RoPE;
+    # Long-context recipes of production models, Megatron-Core's own options (rules and papers in
+    # megatron_ext.local_attention). QK-norm (Qwen3, OLMo 2, Gemma 3): RMSNorm of each head's q and k before RoPE.
     qk_layernorm: bool = False
-    # sliding-window layers: query i sees keys i - window_size .. i (Megatron's window_size (W, 0); HF's
-    # sliding_window = W + 1 keys); every window_attn_skip_freq-th layer is global (full causal; Gemma 3: 6 = 5:1),
-    # None = every layer local; rotary_base_local: the local layers' RoPE base (None = rotary_base; Gemma 3: 10k
-    # local, 1M global). RoPE or NoPE per kind: no_rope_freq = window_attn_skip_freq makes the global layers NoPE
-    # (RNoPE-SWA);
+    # Sliding-window layers: query i sees keys i - W .. i (Megatron's window_size (W, 0); HF's sliding_window = W + 1)
     window_size: int | None = None
+    # Every N-th layer global (full causal attention; Gemma 3: 6, i.e. 5 local : 1 global); None = all local
     window_attn_skip_freq: int | None = None
+    # The local layers' RoPE base (Gemma 3: 10k local beside rotary_base 1M); None = rotary_base
     rotary_base_local: float | None = None
-    # attention sinks: "learnable" adds a learned per-head logit s_h to every softmax denominator (gpt-oss),
-    # "off-by-one" a fixed s_h = 0 (exp(0) = 1); vanilla = plain softmax.
+    # Attention sinks: learnable = a learned per-head logit s_h in every softmax denominator (gpt-oss);
+    # off-by-one = s_h fixed at 0; vanilla = plain softmax
     softmax_type: str = "vanilla"
 
     def __post_init__(self) -> None:

@@ -44,6 +44,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import is_layer_window_attention
 
+from megatron_ext.local_attention import windowed_mask
+
 
 class SDPADotProductAttention(DotProductAttention):
     """DotProductAttention whose causal self-attention runs through torch SDPA (flash kernel on CPU)."""
@@ -91,32 +93,6 @@ class SDPADotProductAttention(DotProductAttention):
 
 
 _last_visible: tuple[weakref.ref, torch.Tensor] | None = None
-_last_windowed: dict[int, tuple[object, torch.Tensor]] = {}
-
-
-def band_mask(sq: int, sk: int, window: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """[sq, sk] boolean, True = hidden: query i (at key index sk - sq + i) sees keys i' - window .. i'."""
-    query = torch.arange(sk - sq, sk, device=device)[:, None]
-    key = torch.arange(sk, device=device)[None, :]
-    return (key > query) | (key < query - window)
-
-
-def windowed_mask(attention_mask: torch.Tensor | None, sq: int, sk: int, window: int,
-                  device: torch.device) -> torch.Tensor:
-    """The caller's mask (None = causal) with the band outside `window` hidden too ([b|1, 1, sq, sk], True = hidden);
-    computed once per (mask, window): every local layer of a microbatch gets the same mask object."""
-    tag = (sq, sk, str(device)) if attention_mask is None else weakref.ref(attention_mask)
-    cached = _last_windowed.get(window)
-    if cached is not None and (cached[0] == tag if attention_mask is None
-                               else isinstance(cached[0], weakref.ref) and cached[0]() is attention_mask):
-        return cached[1]
-    band = band_mask(sq, sk, window, device)[None, None]
-    if attention_mask is not None:
-        hidden = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
-        band = band | hidden
-    _last_windowed[window] = (tag, band)
-    return band
-
 
 def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
     """~attention_mask, computed once per mask tensor: every layer of a microbatch gets the same mask object."""

@@ -192,3 +192,42 @@ def test_random_base_and_eval_rope_scaling_are_refused_with_a_local_base():
     for strategy, scaling in (("random_base", None), ("posaug", "yarn")):
         with pytest.raises(ValueError, match="rotary_base_local"):
             config.check_positions(strategy, scaling)
+
+
+def _global_posaug_sampler(config, global_layers):
+    from megatron_ext.positions import PositionConfig, build_sampler
+
+    positions = PositionConfig(strategy="posaug", layer_mode="global", alpha_min=2.0, alpha_max=4.0)
+    return build_sampler(positions, seed=0, train_seq_len=S, num_layers=config.num_layers,
+                         rotary_dim=config.rotary_dim, rotary_base=config.rotary_base, total_steps=10,
+                         global_layers=global_layers)
+
+
+def test_posaug_on_global_layers_only_leaves_the_local_layers_angles_untouched(megatron_world):
+    model, config = _build(window_size=4, window_attn_skip_freq=2, rotary_base_local=1e4, rotary_base=1e6)
+    rope = _global_posaug_sampler(config, config.global_rope_layers()).training(
+        3, S, first_sample=0, batch_size=B)
+    plain = torch.arange(S, dtype=torch.float32)
+    angles = model.rotary_angles_for(rope)  # [layers, s, 1, 1, d]
+    expected = model.rotary_angles_for(type(rope)(plain))
+    for layer, local in enumerate(config.local_layers()):
+        assert torch.equal(angles[layer], expected[layer]) == local
+    alpha = rope.layer_positions[1, 1].item()
+    assert 2.0 <= alpha <= 4.0 and torch.equal(rope.layer_positions[1], alpha * plain)
+
+
+def test_posaug_on_global_layers_is_refused_without_a_global_rope_layer():
+    config = model_preset("tiny", window_size=4, window_attn_skip_freq=2, no_rope_freq=2)  # RNoPE-SWA
+    with pytest.raises(ValueError, match="layer_mode=global scales the full-attention RoPE layers"):
+        _global_posaug_sampler(config, config.global_rope_layers())
+    sampler = _global_posaug_sampler(config, None)  # no window: refused at its first draw
+    with pytest.raises(ValueError, match="set model.window_size"):
+        sampler.training(0, S, first_sample=0, batch_size=B)
+
+
+def test_context_parallelism_is_refused_for_windows_and_sinks():
+    from megatron_ext.parallel import ParallelConfig
+
+    for options in (dict(window_size=4), dict(softmax_type="learnable")):
+        with pytest.raises(ValueError, match="set parallel.context_parallel_size=1"):
+            ParallelConfig(context_parallel_size=2).check_context_parallel(model_preset("tiny", **options))
