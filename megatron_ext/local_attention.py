@@ -33,6 +33,17 @@ def band_mask(sq: int, sk: int, window: int, device: torch.device | str | None =
     return (key > query) | (key < query - window)
 
 
+def zero_sinks(core: torch.nn.Module, rng_state: torch.Tensor) -> None:
+    """After a core attention's construction: its learnable sinks start at 0 (off-by-one) and the CPU RNG is back at
+    `rng_state`. Megatron draws each TP rank's own [heads / TP] sinks from the global stream, which would shift every
+    weight built after them by the TP size (use_cpu_initialization otherwise gives the same weights for every TP)."""
+    if core.config.softmax_type != "learnable":
+        return
+    torch.random.set_rng_state(rng_state)
+    with torch.no_grad():
+        core.softmax_offset.zero_()
+
+
 _last_windowed: dict[int, tuple[object, torch.Tensor]] = {}
 
 

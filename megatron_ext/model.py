@@ -167,6 +167,13 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         # config); p-RoPE zeroes frequencies Megatron has no option for.
         rotary = gpt.rotary_pos_emb
         rotary.inv_freq = model.inv_freq(rotary.inv_freq.device)
+    if model.softmax_type == "learnable":
+        from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+        # Megatron shards the sinks by head (its sharded_state_dict splits them on dim 0) but does not mark them:
+        # marked, gradient norms count every TP rank's sinks, not rank 0's alone.
+        for layer in gpt.decoder.layers:
+            set_tensor_model_parallel_attributes(layer.self_attention.core_attention.softmax_offset, True, 0, 1)
     if model.rotary_base_local is not None:
         gpt.set_local_rope(model.local_inv_freq(gpt.rotary_pos_emb.inv_freq.device), model.local_layers())
     if model.scales_queries:  # context parallelism refused by parallel.check_model

@@ -166,6 +166,10 @@ class ModelConfig:
         """Sliding windows, per-kind RoPE base and sinks (ValueError naming the field and the fix)."""
         if self.softmax_type not in SOFTMAX_TYPES:
             raise ValueError(f"model.softmax_type must be one of {SOFTMAX_TYPES} (got {self.softmax_type!r})")
+        if self.softmax_type == "learnable" and self.transformer_impl == "local" and self.core_attention != "sdpa" \
+                and self.position_embedding_type != "alibi":
+            raise ValueError("model.softmax_type=learnable needs model.core_attention=sdpa (Megatron's own class "
+                             "draws the sinks per TP rank, so the initial weights would depend on the TP size)")
         if self.window_size is None:
             for name in ("window_attn_skip_freq", "rotary_base_local"):
                 if getattr(self, name) is not None:

@@ -44,14 +44,16 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import is_layer_window_attention
 
-from megatron_ext.local_attention import windowed_mask
+from megatron_ext.local_attention import windowed_mask, zero_sinks
 
 
 class SDPADotProductAttention(DotProductAttention):
     """DotProductAttention whose causal self-attention runs through torch SDPA (flash kernel on CPU)."""
 
     def __init__(self, config, layer_number: int, *args, **kwargs) -> None:
+        rng_state = torch.random.get_rng_state()
         super().__init__(config, layer_number, *args, **kwargs)
+        zero_sinks(self, rng_state)
         # Decided once: every reason to leave SDPA that does not depend on the call.
         self._sdpa_capable = not config.apply_query_key_layer_scaling and config.softmax_type == "vanilla"
         self.window: int | None = None
