@@ -14,10 +14,11 @@ from pretrain.table import model_preset
 B, S = 2, 24
 
 
-def direct_logits(state, config, tokens, positions, inv_freq, windows, sinks=None):
+def direct_logits(state, config, tokens, positions, inv_freq, windows, sinks=None, query_scale=None):
     """The architecture written out: per layer RoPE at `positions` with inv_freq[l] (None: NoPE), query i seeing
     keys i - windows[l] .. i (None: all before it), RMSNorm of each head's q and k before RoPE when the state has
-    q_layernorm weights, and sinks[l] [heads] (None: none) added to every softmax denominator as exp(s_h)."""
+    q_layernorm weights, sinks[l] [heads] (None: none) added to every softmax denominator as exp(s_h), and the query
+    of token i on layer l times query_scale(l, i)."""
     h, heads, groups, d = config.hidden_size, config.num_attention_heads, config.num_query_groups, config.kv_channels
     eps = config.layernorm_epsilon
 
@@ -45,6 +46,8 @@ def direct_logits(state, config, tokens, positions, inv_freq, windows, sinks=Non
             k = rms(k, state[p + "self_attention.k_layernorm.weight"])
         if inv_freq[layer] is not None:
             q, k = rotate(q, inv_freq[layer]), rotate(k, inv_freq[layer])
+        if query_scale is not None:
+            q = q * query_scale(layer, index)[:, None]
         seen = index[None, :] <= index[:, None]
         if windows[layer] is not None:
             seen &= index[None, :] >= index[:, None] - windows[layer]
@@ -231,3 +234,18 @@ def test_context_parallelism_is_refused_for_windows_and_sinks():
     for options in (dict(window_size=4), dict(softmax_type="learnable")):
         with pytest.raises(ValueError, match="set parallel.context_parallel_size=1"):
             ParallelConfig(context_parallel_size=2).check_context_parallel(model_preset("tiny", **options))
+
+
+def test_ssmax_counts_only_the_keys_inside_a_local_layers_window(megatron_world, tokens):
+    from megatron_ext.positions import ssmax_factor
+
+    model, config = _build(window_size=5, window_attn_skip_freq=2, ssmax_scale=0.4)
+    freqs = rope_inv_freq(config.kv_channels, config.rotary_base)
+    positions = torch.arange(S, dtype=torch.float32)
+
+    def scale(layer, index):  # n = keys seen: at most 6 on the local layers 1 and 3
+        return ssmax_factor((index + 1).clamp(max=6) if layer % 2 == 0 else index + 1, 0.4)
+
+    expected = direct_logits(model.state_dict(), config, tokens, positions, [freqs] * 4, [5, None] * 2,
+                             query_scale=scale)
+    torch.testing.assert_close(_logits(model, tokens, positions), expected, atol=1e-4, rtol=0)
