@@ -104,3 +104,17 @@ def megatron_to_qwen(model_or_state, model_config: ModelConfig, *, vocab_size: i
     if config.tie_word_embeddings:
         hf.tie_weights()
     return hf.eval()
+
+
+def card_architecture(model_config: ModelConfig) -> tuple[str, list[str]]:
+    """The export README's architecture phrase and its lines on the recipes (pretrain.hf.model_card)."""
+    name = ("Qwen3 (`Qwen3ForCausalLM`)" if model_config.qk_layernorm
+            else "Qwen2 (`Qwen2ForCausalLM`, zero q/k/v biases)")
+    lines = []
+    if model_config.qk_layernorm:
+        lines.append("- QK-norm: RMSNorm of each head's q and k before RoPE (q_norm / k_norm).")
+    if model_config.window_size is not None:
+        local = sum(model_config.local_layers())
+        lines.append(f"- Sliding-window attention on {local} of {model_config.num_layers} layers (`layer_types`), "
+                     f"{model_config.window_size + 1} keys each (`sliding_window`); the others attend to all keys.")
+    return f"A {name}", lines

@@ -97,6 +97,7 @@ def test_export_hf_writes_a_qwen3_directory_with_equal_logits(megatron_world, tm
     checkpoint = train_and_save(config)
     out = export_checkpoint(checkpoint, tmp_path / "hf", no_tokenizer=True)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    assert "A Qwen3 (`Qwen3ForCausalLM`)" in (out / "README.md").read_text()
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     model, _ = load_for_inference(checkpoint)
     tokens = torch.randint(0, 256, (1, S), generator=torch.Generator().manual_seed(2))
