@@ -251,8 +251,13 @@ class ModelConfig:
             return rope_inv_freq(self.rotary_dim, self.rotary_base, device)
         return scaled_inv_freq(self.rotary_dim, self.rotary_base, scaling, self.seq_length, device)[0]
 
-    def check_positions(self, strategy: str, rope_scaling: str | None) -> None:
-        """Refuse position settings that would drop the model's own Llama 3 scaling (ValueError naming them)."""
+    def check_positions(self, strategy: str, rope_scaling: str | None, layer_mode: str = "all") -> None:
+        """Refuse position settings that would drop the model's own Llama 3 scaling or local RoPE base, or that scale
+        no layer (ValueError naming them)."""
+        if layer_mode == "global" and not any(self.global_rope_layers() or []):
+            raise ValueError("positions.layer_mode=global scales the full-attention RoPE layers of a model with "
+                             "sliding-window layers: set model.window_size and model.window_attn_skip_freq with a "
+                             "global RoPE layer (model.no_rope_freq makes them NoPE), or use layer_mode=all")
         if self.rotary_base_local is not None and (strategy == "random_base" or rope_scaling not in (None, "none")):
             raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would replace the RoPE "
                              "frequencies of every layer, local ones (model.rotary_base_local) included: drop it")

@@ -227,7 +227,7 @@ class TrainConfig:
             raise ValueError(f"schedule.global_batch_size ({self.schedule.global_batch_size}) must be divisible "
                              f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})")
         self.positions.validate_for(self.model.seq_length)
-        self.model.check_positions(self.positions.strategy, self.positions.rope_scaling)
+        self.model.check_positions(self.positions.strategy, self.positions.rope_scaling, self.positions.layer_mode)
         pp = self.parallel.pipeline_model_parallel_size
         if self.parallel.virtual_pipeline_model_parallel_size is not None and self.num_microbatches(dp) % pp:
             # Megatron's interleaved schedule runs microbatches in groups of PP per virtual stage.

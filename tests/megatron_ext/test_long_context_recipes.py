@@ -249,3 +249,10 @@ def test_ssmax_counts_only_the_keys_inside_a_local_layers_window(megatron_world,
     expected = direct_logits(model.state_dict(), config, tokens, positions, [freqs] * 4, [5, None] * 2,
                              query_scale=scale)
     torch.testing.assert_close(_logits(model, tokens, positions), expected, atol=1e-4, rtol=0)
+
+
+def test_the_config_check_refuses_global_posaug_without_a_global_rope_layer():
+    for options in ({}, dict(window_size=4), dict(window_size=4, window_attn_skip_freq=2, no_rope_freq=2)):
+        with pytest.raises(ValueError, match="layer_mode=global scales the full-attention RoPE layers"):
+            model_preset("tiny", **options).check_positions("posaug", None, "global")
+    model_preset("tiny", window_size=4, window_attn_skip_freq=2).check_positions("posaug", None, "global")
