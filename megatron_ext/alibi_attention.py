@@ -26,6 +26,8 @@ import torch
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from megatron_ext.local_attention import zero_sinks
+
 
 class _BiasedSoftmax(torch.nn.Module):
     """Adds `bias` (set per forward) to the scaled scores, then runs Megatron's masked softmax."""
@@ -46,7 +48,9 @@ class ALiBiDotProductAttention(DotProductAttention):
     """Megatron's local core attention with an additive attention bias (ALiBi)."""
 
     def __init__(self, config, *args, **kwargs) -> None:
+        rng_state = torch.random.get_rng_state()
         super().__init__(config, *args, **kwargs)
+        zero_sinks(self, rng_state)  # learnable sinks: the same initial weights for every TP size
         if config.apply_query_key_layer_scaling:
             # Megatron divides the scores by layer_number before the softmax multiplies it
             # back; a bias added in between would be scaled too.

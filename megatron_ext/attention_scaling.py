@@ -43,12 +43,12 @@ def keys_seen(seq_len: int, attention_mask: torch.Tensor | None, device: torch.d
 
 
 def query_scale(keys: torch.Tensor, *, nope_layer: bool, temperature: tuple[float, float] | None,
-                ssmax_scale: float | None) -> torch.Tensor | None:
+                ssmax_scale: float | None, window: int | None = None) -> torch.Tensor | None:
     """The factor each query is multiplied by on one layer (the shape of `keys`, see keys_seen), or None when it
-    is 1 everywhere."""
+    is 1 everywhere; on a sliding-window layer SSMax counts only the window's window + 1 keys."""
     factor = None
     if ssmax_scale is not None:
-        factor = ssmax_factor(keys, ssmax_scale)
+        factor = ssmax_factor(keys if window is None else keys.clamp(max=window + 1), ssmax_scale)
     if temperature is not None and nope_layer:
         tuned = attention_temperature(keys - 1, *temperature)  # the query's position: keys before it
         factor = tuned if factor is None else factor * tuned
@@ -61,7 +61,8 @@ def _scale_query(layer_number: int, settings: dict, module, args, kwargs):
     mask = args[3] if len(args) > 3 else kwargs.get("attention_mask")
     nope = bool(settings["nope"][layer_number - 1])
     factor = query_scale(keys_seen(query.shape[0], mask, query.device), nope_layer=nope,
-                         temperature=settings["temperature"], ssmax_scale=settings["ssmax_scale"])
+                         temperature=settings["temperature"], ssmax_scale=settings["ssmax_scale"],
+                         window=settings["windows"][layer_number - 1])
     if factor is None:
         return None
     query = query * factor.to(query.dtype)[:, :, None, None]
@@ -70,12 +71,15 @@ def _scale_query(layer_number: int, settings: dict, module, args, kwargs):
     return args, {**kwargs, "query": query}
 
 
-def install_query_scaling(gpt, *, temperature: tuple[float, float] | None, ssmax_scale: float | None) -> None:
-    """Register the per-query scaling on every local layer of `gpt` (a FloatPositionGPTModel)."""
+def install_query_scaling(gpt, *, temperature: tuple[float, float] | None, ssmax_scale: float | None,
+                          windows: list[int | None] | None = None) -> None:
+    """Register the per-query scaling on every local layer of `gpt` (a FloatPositionGPTModel); `windows`: each
+    layer's sliding window (None = full attention)."""
     if temperature is None and ssmax_scale is None:
         return
     nope = gpt.config.no_rope_freq or [0] * gpt.config.num_layers
-    settings = {"nope": list(nope), "temperature": temperature, "ssmax_scale": ssmax_scale}
+    settings = {"nope": list(nope), "temperature": temperature, "ssmax_scale": ssmax_scale,
+                "windows": list(windows or [None] * gpt.config.num_layers)}
     for layer in gpt.decoder.layers:
         layer.self_attention.core_attention.register_forward_pre_hook(
             functools.partial(_scale_query, layer.layer_number, settings), with_kwargs=True)

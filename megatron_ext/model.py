@@ -8,7 +8,9 @@ embeddings, RoPE (base 10000 by default, non-interleaved so it equals HF Llama's
 models add what their architecture needs of Megatron's: q/k/v biases (Qwen2, add_qkv_bias) and
 Llama 3's RoPE scaling (use_rope_scaling). Position options of 2025 models: p-RoPE (rope_proportion),
 NoPE-interleaved layers with Llama 4's attention temperature (no_rope_freq, attn_temperature_*) and SSMax
-(ssmax_scale). The layout (`parallel.*`) lives in megatron_ext.parallel.
+(ssmax_scale). Long-context recipes (megatron_ext.local_attention): QK-norm (qk_layernorm), sliding-window
+layers beside global ones with a per-kind RoPE base (window_size, window_attn_skip_freq, rotary_base_local) and
+attention sinks (softmax_type). The layout (`parallel.*`) lives in megatron_ext.parallel.
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig | None = Non
         # Megatron's list form (1 = no RoPE): its integer form also demands that N divide num_layers.
         no_rope_freq=(None if model.no_rope_freq is None
                       else [int(n) for n in nope_layers(model.num_layers, model.no_rope_freq)]),
+        # Long-context recipes (megatron_ext.local_attention): Megatron's own fields.
+        qk_layernorm=model.qk_layernorm,
+        window_size=None if model.window_size is None else (int(model.window_size), 0),
+        window_attn_skip_freq=model.window_attn_skip_freq,
+        softmax_type=model.softmax_type,
         bias_activation_fusion=on_gpu,
         bias_dropout_fusion=on_gpu,
         masked_softmax_fusion=te and on_gpu,
@@ -134,6 +141,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
 
     rope_kernel = chosen_rope_kernel(model.rope_kernel, rope=model.position_embedding_type == "rope")
     spec_kwargs = {} if model.transformer_impl == "transformer_engine" else {"normalization": "RMSNorm"}
+    spec_kwargs["qk_layernorm"] = model.qk_layernorm
     if model.position_embedding_type == "alibi":  # context parallelism refused by parallel.check_model
         from megatron_ext.alibi_attention import alibi_layer_spec
 
@@ -175,12 +183,22 @@ def build_model(model: ModelConfig, parallel: ParallelConfig | None = None, *,
         # config); p-RoPE zeroes frequencies Megatron has no option for.
         rotary = gpt.rotary_pos_emb
         rotary.inv_freq = model.inv_freq(rotary.inv_freq.device)
+    if model.softmax_type == "learnable":
+        from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+        # Megatron shards the sinks by head (its sharded_state_dict splits them on dim 0) but does not mark them:
+        # marked, gradient norms count every TP rank's sinks, not rank 0's alone.
+        for layer in gpt.decoder.layers:
+            set_tensor_model_parallel_attributes(layer.self_attention.core_attention.softmax_offset, True, 0, 1)
+    if model.rotary_base_local is not None:
+        gpt.set_local_rope(model.local_inv_freq(gpt.rotary_pos_emb.inv_freq.device), model.local_layers())
     if model.scales_queries:  # context parallelism refused by parallel.check_model
         from megatron_ext.attention_scaling import install_query_scaling
 
         temperature = ((model.attn_temperature_beta, float(model.attn_temperature_floor))
                        if model.attn_temperature_tuning else None)
-        install_query_scaling(gpt, temperature=temperature, ssmax_scale=model.ssmax_scale)
+        install_query_scaling(gpt, temperature=temperature, ssmax_scale=model.ssmax_scale,
+                              windows=[model.window_size if local else None for local in model.local_layers()])
     if model.bf16:
         # The local spec builds torch norms in float32 (TE builds them in params_dtype): cast every
         # parameter as Megatron's Float16Module does. Float16Module itself is not used: it would also

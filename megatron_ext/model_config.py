@@ -21,6 +21,7 @@ CORE_ATTENTIONS = ("sdpa", "megatron")  # model.core_attention (megatron_ext.sdp
 ROPE_KERNELS = ("auto", "triton", "unfused")  # model.rope_kernel (megatron_ext.rope_attention)
 # model.cross_entropy_fusion_impl: Megatron's two ('native', 'te') and ours (megatron_ext.chunked_loss)
 CROSS_ENTROPY_FUSION_IMPLS = ("chunked", "native", "te")
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")  # Megatron's TransformerConfig.softmax_type (sinks)
 
 
 @dataclass
@@ -93,6 +94,18 @@ class ModelConfig:
     # SSMax: every logit × s·log n, n = keys the query sees (per document under document masking; not with
     # alibi or context parallelism); None = softmax
     ssmax_scale: float | None = None
+    # Long-context recipes of production models, Megatron-Core's own options (rules and papers in
+    # megatron_ext.local_attention). QK-norm (Qwen3, OLMo 2, Gemma 3): RMSNorm of each head's q and k before RoPE.
+    qk_layernorm: bool = False
+    # Sliding-window layers: query i sees keys i - W .. i (Megatron's window_size (W, 0); HF's sliding_window = W + 1)
+    window_size: int | None = None
+    # Every N-th layer global (full causal attention; Gemma 3: 6, i.e. 5 local : 1 global); None = all local
+    window_attn_skip_freq: int | None = None
+    # The local layers' RoPE base (Gemma 3: 10k local beside rotary_base 1M); None = rotary_base
+    rotary_base_local: float | None = None
+    # Attention sinks: learnable = a learned per-head logit s_h in every softmax denominator (gpt-oss);
+    # off-by-one = s_h fixed at 0; vanilla = plain softmax
+    softmax_type: str = "vanilla"
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -136,6 +149,7 @@ class ModelConfig:
             raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES} (got {self.fp8_recipe!r})")
         self._check_recompute()
         self._check_position_options()
+        self._check_recipe_options()
         if self.use_rope_scaling:
             if self.position_embedding_type != "rope":
                 raise ValueError("model.use_rope_scaling (Llama 3 RoPE scaling) needs "
@@ -168,6 +182,65 @@ class ModelConfig:
             raise ValueError("model.ssmax_scale (SSMax) with model.position_embedding_type=alibi is not supported "
                              "(SSMax would scale q·k but not ALiBi's bias); use rope or none with SSMax")
 
+    def _check_recipe_options(self) -> None:
+        """Sliding windows, per-kind RoPE base and sinks (ValueError naming the field and the fix)."""
+        if self.softmax_type not in SOFTMAX_TYPES:
+            raise ValueError(f"model.softmax_type must be one of {SOFTMAX_TYPES} (got {self.softmax_type!r})")
+        if self.softmax_type == "learnable" and self.transformer_impl == "local" and self.core_attention != "sdpa" \
+                and self.position_embedding_type != "alibi":
+            raise ValueError("model.softmax_type=learnable needs model.core_attention=sdpa (Megatron's own class "
+                             "draws the sinks per TP rank, so the initial weights would depend on the TP size)")
+        if self.window_size is None:
+            for name in ("window_attn_skip_freq", "rotary_base_local"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"model.{name} applies to sliding-window layers: set model.window_size or "
+                                     f"drop model.{name}")
+            return
+        if self.window_size < 1:
+            raise ValueError(f"model.window_size must be >= 1 keys before the query, or null (got {self.window_size})")
+        if self.window_attn_skip_freq is not None and self.window_attn_skip_freq < 1:
+            raise ValueError(f"model.window_attn_skip_freq must be >= 1 (every N-th layer global) or null "
+                             f"(got {self.window_attn_skip_freq})")
+        if self.position_embedding_type == "alibi":
+            raise ValueError("model.window_size with model.position_embedding_type=alibi is not supported (the ALiBi "
+                             "core attention is Megatron's, whose window mask replaces the document mask): use rope")
+        if self.transformer_impl == "local" and self.core_attention != "sdpa":
+            raise ValueError("model.window_size needs model.core_attention=sdpa with transformer_impl=local "
+                             "(Megatron's unfused attention replaces the document mask by its window mask)")
+        if self.rotary_base_local is not None:
+            if self.position_embedding_type != "rope" or self.rope_proportion < 1.0 or self.use_rope_scaling:
+                raise ValueError("model.rotary_base_local needs model.position_embedding_type=rope without p-RoPE "
+                                 "(model.rope_proportion < 1) or model.use_rope_scaling")
+            if self.rotary_base_local <= 1:
+                raise ValueError(f"model.rotary_base_local must be > 1 (got {self.rotary_base_local})")
+
+    def local_layers(self) -> list[bool]:
+        """Per layer (index 0 = layer 1): True for a sliding-window layer (Megatron's is_layer_window_attention)."""
+        if self.window_size is None:
+            return [False] * self.num_layers
+        if self.window_attn_skip_freq is None:
+            return [True] * self.num_layers
+        return [(layer + 1) % self.window_attn_skip_freq != 0 for layer in range(self.num_layers)]
+
+    def global_rope_layers(self) -> list[bool] | None:
+        """Per layer: True for a full-attention layer with RoPE (what positions.layer_mode=global scales); None
+        without sliding-window layers."""
+        from megatron_ext.positions import nope_layers
+
+        if self.window_size is None:
+            return None
+        nope = (nope_layers(self.num_layers, self.no_rope_freq) if self.no_rope_freq is not None
+                else [self.position_embedding_type != "rope"] * self.num_layers)
+        return [not local and not no for local, no in zip(self.local_layers(), nope)]
+
+    def local_inv_freq(self, device: torch.device | str | None = None) -> torch.Tensor | None:
+        """The local layers' RoPE inverse frequencies (model.rotary_base_local), None when they share rotary_base."""
+        from megatron_ext.positions import rope_inv_freq
+
+        if self.rotary_base_local is None:
+            return None
+        return rope_inv_freq(self.rotary_dim, self.rotary_base_local, device)
+
     @property
     def scales_queries(self) -> bool:
         """True when queries get a per-token factor (attention temperature or SSMax)."""
@@ -198,8 +271,16 @@ class ModelConfig:
             return rope_inv_freq(self.rotary_dim, self.rotary_base, device)
         return scaled_inv_freq(self.rotary_dim, self.rotary_base, scaling, self.seq_length, device)[0]
 
-    def check_positions(self, strategy: str, rope_scaling: str | None) -> None:
-        """Refuse position settings that would drop the model's own Llama 3 scaling (ValueError naming them)."""
+    def check_positions(self, strategy: str, rope_scaling: str | None, layer_mode: str = "all") -> None:
+        """Refuse position settings that would drop the model's own Llama 3 scaling or local RoPE base, or that scale
+        no layer (ValueError naming them)."""
+        if layer_mode == "global" and not any(self.global_rope_layers() or []):
+            raise ValueError("positions.layer_mode=global scales the full-attention RoPE layers of a model with "
+                             "sliding-window layers: set model.window_size and model.window_attn_skip_freq with a "
+                             "global RoPE layer (model.no_rope_freq makes them NoPE), or use layer_mode=all")
+        if self.rotary_base_local is not None and (strategy == "random_base" or rope_scaling not in (None, "none")):
+            raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would replace the RoPE "
+                             "frequencies of every layer, local ones (model.rotary_base_local) included: drop it")
         if self.rope_proportion < 1.0 and (strategy == "random_base" or rope_scaling not in (None, "none")):
             raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would rebuild plain "
                              "RoPE frequencies and drop p-RoPE's (model.rope_proportion < 1): drop it")
@@ -258,6 +339,8 @@ class ModelConfig:
         h, f, d = self.hidden_size, self.ffn_hidden_size, self.kv_channels
         q, kv = self.num_attention_heads * d, self.num_query_groups * d
         attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.add_qkv_bias else 0)
+        attention += (2 * d if self.qk_layernorm else 0) + (self.num_attention_heads
+                                                            if self.softmax_type == "learnable" else 0)
         mlp = h * 2 * f + f * h  # SwiGLU: gate and up in fc1, down in fc2
         norms = 2 * h
         return self.num_layers * (attention + mlp + norms) + h  # + final norm

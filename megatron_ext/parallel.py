@@ -111,3 +111,7 @@ class ParallelConfig:
         if model.scales_queries:
             raise ValueError("model.attn_temperature_tuning / model.ssmax_scale scale queries by their token index, "
                              "which a context-parallel rank does not hold: set parallel.context_parallel_size=1")
+        if model.window_size is not None or model.softmax_type != "vanilla":
+            # Not tested under Transformer Engine's context-parallel attention (no GPU here): refused, not guessed.
+            raise ValueError("model.window_size / model.softmax_type (sliding windows, sinks) are not supported with "
+                             "context parallelism: set parallel.context_parallel_size=1")

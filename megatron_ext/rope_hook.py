@@ -108,6 +108,15 @@ class FloatPositionGPTModel(GPTModel):
         if self.position_embedding_type == "rope":
             for layer in self.decoder.layers:
                 layer.register_forward_pre_hook(_select_layer_angles, with_kwargs=True)
+        self.local_inv_freq: torch.Tensor | None = None  # sliding-window layers' own RoPE base (set_local_rope)
+        self.local_layers: list[bool] = []
+
+    def set_local_rope(self, inv_freq: torch.Tensor, local_layers: list[bool]) -> None:
+        """Rotate the sliding-window layers (local_layers[l] True, global index) by `inv_freq` instead of the
+        model's (model.rotary_base_local); every layer then gets its own row of angles."""
+        if len(local_layers) != self.config.num_layers:
+            raise ValueError(f"local_layers has {len(local_layers)} entries; the model has {self.config.num_layers}")
+        self.local_inv_freq, self.local_layers = inv_freq, list(local_layers)
 
     def forward(self, input_ids, position_ids, attention_mask, *args, **kwargs):
         """GPTModel.forward; position_ids may be a float tensor [s] / [b, s] or a RopePositions."""
@@ -123,6 +132,11 @@ class FloatPositionGPTModel(GPTModel):
             raise ValueError("float RoPE positions cannot be combined with a Megatron inference_context "
                              "(KV-cache decoding uses integer positions); decode with "
                              "megatron_ext.generation.greedy_generate, which re-runs the sequence at these positions")
+        if self.local_inv_freq is not None and inference is not None:
+            raise ValueError("model.rotary_base_local gives local layers their own RoPE base, which Megatron's "
+                             "KV-cache decoding does not build: decode with megatron_ext.generation.greedy_generate")
+        if position_ids is None and self.local_inv_freq is not None:
+            position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device, dtype=torch.float32)
         if position_ids is None or inference is not None:
             return super().forward(input_ids, position_ids, attention_mask, *args, **kwargs)
         rope = as_rope_positions(position_ids)
@@ -199,12 +213,27 @@ class FloatPositionGPTModel(GPTModel):
         inv_freq = inv_freq.to(device=rope.positions.device, dtype=torch.float32)
         kwargs = dict(interleaved=rotary.rotary_interleaved,
                       interpolation_factor=rotary.seq_len_interpolation_factor)
+        if self.local_inv_freq is not None:
+            return self._per_kind_angles(rope, inv_freq, kwargs)
         if rope.layer_positions is None:
             return rotary_angles(rope.positions, inv_freq, **kwargs)
         if rope.layer_positions.shape[0] != self.config.num_layers:
             raise ValueError(f"layer_positions has {rope.layer_positions.shape[0]} rows; "
                              f"the model has {self.config.num_layers} layers")
         return torch.stack([rotary_angles(row, inv_freq, **kwargs) for row in rope.layer_positions])
+
+
+    def _per_kind_angles(self, rope: RopePositions, global_inv_freq: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        """[num_layers, s, b|1, 1, d]: local layers rotate by local_inv_freq, global ones by the model's."""
+        if rope.inv_freq is not None:
+            raise ValueError("replacement RoPE frequencies (random_base, positions.rope_scaling) would drop the local "
+                             "layers' own base (model.rotary_base_local): drop them")
+        rows = rope.layer_positions if rope.layer_positions is not None else [rope.positions] * self.config.num_layers
+        if len(rows) != self.config.num_layers:
+            raise ValueError(f"layer_positions has {len(rows)} rows; the model has {self.config.num_layers} layers")
+        local = self.local_inv_freq.to(device=rope.positions.device, dtype=torch.float32)
+        return torch.stack([rotary_angles(row, local if is_local else global_inv_freq, **kwargs)
+                            for row, is_local in zip(rows, self.local_layers)])
 
 
 def _select_layer_angles(layer, args, kwargs):

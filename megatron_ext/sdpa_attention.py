@@ -14,10 +14,20 @@ a tensor (`materialized_probabilities`, for the attention-entropy metric). It is
 through the ModuleSpec (`model.core_attention`, default sdpa for `transformer_impl=local`);
 Transformer Engine's spec has its own fused attention and is not touched.
 
-Private attributes reached (megatron-core 0.16.1, checked): none beyond DotProductAttention's
-public instance attributes set in its __init__ (softmax_scale, attn_mask_type, config,
+Sliding-window layers (model.window_size; megatron_ext.local_attention): the window is a banded causal mask
+ANDed here with the caller's mask (document masking's block-diagonal one), so a local layer sees key j from query
+i only when i - W <= j <= i and both lie in one document; SDPA then takes that mask (one [b|1, 1, s, s] boolean
+tensor per microbatch and window, s² bytes: 256 MiB at s = 16K; FlexAttention is not used). Calls SDPA does not
+cover (sinks, probabilities, dropout) go to Megatron's forward with the same combined mask. Attention sinks
+(model.softmax_type) always take Megatron's unfused path, whose softmax appends the per-head sink logit
+(scores materialised: [b, heads, sq, sk + 1]).
+
+Private attributes reached (megatron-core 0.16.1, checked; Megatron-LM main at 00caa53 read): none beyond
+DotProductAttention's public instance attributes set in its __init__ (softmax_scale, attn_mask_type, config,
 num_attention_heads_per_partition, num_query_groups_per_partition, hidden_size_per_partition,
-softmax_offset).
+softmax_offset), and on sliding-window layers `scale_mask_softmax.window_size` (FusedScaleMaskSoftmax), set to
+None: Megatron's torch softmax would otherwise replace the caller's mask by its own window mask (built on
+"cuda"), dropping document masking; the window is in the mask passed instead.
 """
 
 from __future__ import annotations
@@ -34,18 +44,25 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import is_layer_window_attention
 
+from megatron_ext.local_attention import windowed_mask, zero_sinks
+
 
 class SDPADotProductAttention(DotProductAttention):
     """DotProductAttention whose causal self-attention runs through torch SDPA (flash kernel on CPU)."""
 
     def __init__(self, config, layer_number: int, *args, **kwargs) -> None:
+        rng_state = torch.random.get_rng_state()
         super().__init__(config, layer_number, *args, **kwargs)
+        zero_sinks(self, rng_state)
         # Decided once: every reason to leave SDPA that does not depend on the call.
-        self._sdpa_capable = (
-            not config.apply_query_key_layer_scaling
-            and config.softmax_type == "vanilla"
-            and not is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number)
-        )
+        self._sdpa_capable = not config.apply_query_key_layer_scaling and config.softmax_type == "vanilla"
+        self.window: int | None = None
+        if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
+            if tuple(config.window_size)[1] != 0 or not hasattr(self.scale_mask_softmax, "window_size"):
+                raise ValueError(f"sliding window {config.window_size}: the SDPA core attention takes causal "
+                                 "windows (W, 0) on a Megatron whose FusedScaleMaskSoftmax has window_size")
+            self.window = int(config.window_size[0])
+            self.scale_mask_softmax.window_size = None  # the window travels in the mask (module docstring)
         # Set by `materialized_probabilities`: the entropy metric hooks Megatron's
         # attention_dropout, which only the unfused path calls with the probabilities.
         self.materialize_probabilities = False
@@ -61,6 +78,8 @@ class SDPADotProductAttention(DotProductAttention):
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         """query [sq, b, np, hn], key/value [sk, b, ng, hn] → context [sq, b, np·hn]."""
+        if self.window is not None:
+            attention_mask = windowed_mask(attention_mask, query.shape[0], key.shape[0], self.window, query.device)
         if not self._uses_sdpa(query, key, attention_mask, attn_mask_type, attention_bias, packed_seq_params):
             return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
                                    attention_bias=attention_bias, packed_seq_params=packed_seq_params)
@@ -76,7 +95,6 @@ class SDPADotProductAttention(DotProductAttention):
 
 
 _last_visible: tuple[weakref.ref, torch.Tensor] | None = None
-
 
 def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
     """~attention_mask, computed once per mask tensor: every layer of a microbatch gets the same mask object."""

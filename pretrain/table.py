@@ -121,6 +121,11 @@ P_ROPE = {"rope_proportion": 0.75}  # Barbero et al.'s p = 0.75 (Gemma 4's full-
 I_ROPE = {"no_rope_freq": 4, "attn_temperature_tuning": True, "attn_temperature_beta": 0.1}
 I_ROPE_FLOOR = (("attn_temperature_floor", lambda window: window),)
 SSMAX = (("ssmax_scale", lambda window: 1.0 / math.log(window)),)  # s·log w = 1: plain softmax at the window's end
+# Long-context recipes (megatron_ext.local_attention). gpt-oss's pattern, local and global layers alternating (its
+# 128-token windows beside a 4K pretraining window are ~w/32; w/8 keeps 8 keys at cpu-small's w = 64), one base.
+SWA_HYBRID = {"window_attn_skip_freq": 2}
+SWA_WINDOW = (("window_size", lambda window: window // 8),)
+POSAUG_GLOBAL = {**POSAUG, "layer_mode": "global"}  # PosAug on the global layers only: local ones keep i
 
 METHODS: dict[str, Method] = {
     "baseline": Method({"strategy": "none"}, shipped=True),
@@ -140,6 +145,15 @@ METHODS: dict[str, Method] = {
     "pose": Method({"strategy": "pose", "pose_chunks": 2}, max_position_in_windows=EXTRAPOLATION, shipped=True),
     "posaug_prope": Method(POSAUG, model=P_ROPE, shipped=True),
     "posaug_irope": Method(POSAUG, model=I_ROPE, model_in_windows=I_ROPE_FLOOR, shipped=True),
+    # What production models train with: sliding-window layers beside global ones (gpt-oss), RNoPE-SWA (Cohere:
+    # the global layers NoPE), gpt-oss's learnable sinks, QK-norm (Qwen3); PosAug composed with two of them.
+    "swa_hybrid": Method({"strategy": "none"}, model=SWA_HYBRID, model_in_windows=SWA_WINDOW, shipped=True),
+    "posaug_swa_hybrid": Method(POSAUG_GLOBAL, model=SWA_HYBRID, model_in_windows=SWA_WINDOW, shipped=True),
+    "rnope_swa": Method({"strategy": "none"}, model={**SWA_HYBRID, "no_rope_freq": 2}, model_in_windows=SWA_WINDOW,
+                        shipped=True),
+    "sinks": Method({"strategy": "none"}, model={"softmax_type": "learnable"}, shipped=True),
+    "qknorm": Method({"strategy": "none"}, model={"qk_layernorm": True}, shipped=True),
+    "posaug_qknorm": Method(POSAUG, model={"qk_layernorm": True}, shipped=True),
 }
 SHIPPED_METHODS = tuple(name for name, method in METHODS.items() if method.shipped)
 # Former method names: refused on command lines with the current name, read as it from stored records (the task

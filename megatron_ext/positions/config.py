@@ -10,7 +10,7 @@ from .scaling import ROPE_SCALING_KINDS
 STRATEGIES = ("none", "posaug", "random_base", "rfs", "rpe", "warp", "pose")
 ALPHA_DISTRIBUTIONS = ("uniform", "log_uniform", "discrete", "cycle", "fixed")
 CURRICULA = ("none", "linear", "step")
-LAYER_MODES = ("all", "bottom", "top", "independent")
+LAYER_MODES = ("all", "bottom", "top", "independent", "global")
 TAIL_FUNCTIONS = ("sqrt", "beta_2_5")
 GRANULARITIES = ("per_step", "per_sample")
 # What each strategy's paper does when positions.granularity is not set: PosAug draws alpha
@@ -107,8 +107,9 @@ class PositionConfig:
     curriculum_start_min: float = 0.5
     curriculum_start_max: float = 2.0
     curriculum_fraction: float = 0.5
-    # Per-layer scaling (paper §4.10): bottom/top scale only the first/last layer_count layers.
-    layer_mode: str = "all"  # all | bottom | top | independent
+    # Per-layer scaling (paper §4.10): bottom/top scale only the first/last layer_count layers; global only the
+    # full-attention RoPE layers of a model with sliding-window layers (model.window_size), local ones keep i.
+    layer_mode: str = "all"  # all | bottom | top | independent | global
     layer_count: int = 0
 
     # random_base: RoPE base B ~ U[base_min_factor * B0, base_max_factor * B0] per step.

@@ -47,7 +47,8 @@ class PositionSampler:
     """Builds RoPE positions for training microbatches and for evaluation."""
 
     def __init__(self, config: PositionConfig, *, seed: int, train_seq_len: int, num_layers: int,
-                 rotary_dim: int, rotary_base: float, total_steps: int) -> None:
+                 rotary_dim: int, rotary_base: float, total_steps: int,
+                 global_layers: list[bool] | None = None) -> None:
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1 (got {num_layers})")
         if rotary_dim < 2 or rotary_dim % 2:
@@ -62,6 +63,10 @@ class PositionSampler:
                 f"positions.layer_count must be <= num_layers={num_layers} with "
                 f"positions.layer_mode={config.layer_mode} (got {config.layer_count})"
             )
+        if global_layers is not None and len(global_layers) != num_layers:
+            raise ValueError(f"global_layers has {len(global_layers)} entries; the model has {num_layers} layers")
+        # PosAug layer_mode=global scales these layers (ModelConfig.global_rope_layers: full attention with RoPE).
+        self.global_layers = None if global_layers is None else [bool(g) for g in global_layers]
         self.config = config
         self.seed = int(seed)
         self.train_seq_len = int(train_seq_len)
@@ -72,6 +77,8 @@ class PositionSampler:
         # Small constant tables copied to each device once (a host->device copy
         # synchronises, so it must not happen every step).
         self._device_tables: dict[tuple[str, torch.device], torch.Tensor] = {}
+        if config.layer_mode == "global" and global_layers is not None:
+            self._global_mask(torch.device("cpu"))  # validates: at least one layer to scale
 
     # ------------------------------------------------------------------ public API
 
@@ -189,6 +196,8 @@ class PositionSampler:
                 if self.config.layer_mode in ("bottom", "top"):
                     # The scaled rows: first layer_count (bottom) or last (top).
                     row_alpha = row_alpha[0] if self.config.layer_mode == "bottom" else row_alpha[-1]
+                elif self.config.layer_mode == "global":
+                    row_alpha = row_alpha[self.global_layers.index(True)]
                 if row_alpha.numel() == 1:
                     values["alpha"] = row_alpha
                 else:  # per layer (independent) and/or per sample
@@ -368,12 +377,26 @@ class PositionSampler:
             scaled = self.sample_alphas(step, samples, device).unsqueeze(1) * base  # [b, s]
         if mode == "all":
             return RopePositions(scaled)
-        # bottom/top: the listed layers get alpha * i, the others the plain positions.
+        # bottom/top/global: the listed layers get alpha * i, the others the plain positions.
         # The mask is built on device from arange, so no host->device copy is needed.
         layer = torch.arange(self.num_layers, device=device).view(-1, *[1] * scaled.dim())
         k = self.config.layer_count
-        chosen = layer < k if mode == "bottom" else layer >= self.num_layers - k
+        if mode == "global":
+            chosen = self._global_mask(device).view_as(layer)
+        else:
+            chosen = layer < k if mode == "bottom" else layer >= self.num_layers - k
         return RopePositions(base, layer_positions=torch.where(chosen, scaled, base))
+
+    def _global_mask(self, device: torch.device) -> torch.Tensor:
+        """[num_layers] bool: the layers layer_mode=global scales (cached per device: no copy every step)."""
+        if self.global_layers is None or not any(self.global_layers):
+            raise ValueError("positions.layer_mode=global scales the full-attention RoPE layers of a model with "
+                             "sliding-window layers: set model.window_size and model.window_attn_skip_freq with a "
+                             "global RoPE layer (model.no_rope_freq makes them NoPE), or use layer_mode=all")
+        key = ("global_layers", device)
+        if key not in self._device_tables:
+            self._device_tables[key] = torch.tensor(self.global_layers, device=device)
+        return self._device_tables[key]
 
 
 def _check_lengths(lengths: torch.Tensor, seq_len: int, batch_size: int) -> None:

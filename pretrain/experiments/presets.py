@@ -13,8 +13,10 @@ from pretrain.table import EXTRAPOLATION
 PAPER_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs", "rpe", "warp", "nope", "alibi")
 # What 2025 models ship (p-RoPE, Llama 4's NoPE interleave, SSMax, PoSE), alone and combined with PosAug.
 MODERN_METHODS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope")
+# What production models train with (local/global attention, RNoPE-SWA, sinks, QK-norm), two with PosAug.
+RECIPE_METHODS = ("swa_hybrid", "posaug_swa_hybrid", "rnope_swa", "sinks", "qknorm", "posaug_qknorm")
 # Every method row `reproduce --preset P --methods ...` trains, locally and as `reproduce --slurm --preset P`.
-TRAINING_METHODS = PAPER_METHODS + MODERN_METHODS
+TRAINING_METHODS = PAPER_METHODS + MODERN_METHODS + RECIPE_METHODS
 # The default presets stay within ~30 min on 2 cores: NoPE/ALiBi rows (Table 15) run in cpu-long and
 # cpu-tiny, and in cpu-small with --methods; the MODERN_METHODS rows run with --methods (benchmarks/README.md).
 ROPE_METHODS = PAPER_METHODS[:-2]

@@ -38,6 +38,12 @@ TRAINING_METADATA_KEY = "posaug_training"
 
 def check_exportable(model_config: ModelConfig) -> None:
     """Refuse architectures that HF Llama cannot express exactly (ValueError naming the field)."""
+    from pretrain.hf.qwen3 import check_recipe_exportable, uses_qwen
+
+    check_recipe_exportable(model_config)  # sinks and what no architecture expresses (pretrain.hf.qwen3)
+    if uses_qwen(model_config):
+        raise ValueError("cannot export: QK-norm / sliding-window layers (model.qk_layernorm, model.window_size) are "
+                         "not Llama; `export-hf` writes them as Qwen3 / Qwen2 (pretrain.hf.qwen3)")
     if model_config.position_embedding_type != "rope":
         raise ValueError(f"cannot export: model.position_embedding_type={model_config.position_embedding_type!r}; "
                          "the HF Llama export needs rope (Llama has no other position encoding)")
@@ -59,6 +65,11 @@ def check_exportable(model_config: ModelConfig) -> None:
 
 def check_exportable_to_any(model_config: ModelConfig) -> None:
     """Refuse what no export target (Llama / Qwen2, or Llama 4 text for NoPE-interleaved layers) expresses."""
+    from pretrain.hf.qwen3 import check_recipe_exportable, uses_qwen
+
+    check_recipe_exportable(model_config)
+    if uses_qwen(model_config):
+        return
     if getattr(model_config, "no_rope_freq", None) is not None:
         from pretrain.hf.llama4 import check_llama4_exportable
 
@@ -329,7 +340,12 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
 
     state, train_config, record = load_checkpoint_state(checkpoint)
     metadata = training_metadata(record, train_config, scaling)
-    if nope_interleaved:
+    from pretrain.hf.qwen3 import megatron_to_qwen, uses_qwen
+
+    if uses_qwen(train_config.model):  # QK-norm / sliding windows → Qwen3 / Qwen2 (pretrain.hf.qwen3)
+        hf = megatron_to_qwen(state, train_config.model, rope_scaling=scaling, **source.ids,
+                              **{TRAINING_METADATA_KEY: metadata})
+    elif nope_interleaved:
         from pretrain.hf.llama4 import megatron_to_llama4
 
         if scaling is not None:

@@ -62,7 +62,11 @@ def model_card(train_config, record: dict, scaling: RopeScaling | None, eval_len
     architecture = "A Qwen2-architecture (`Qwen2ForCausalLM`)" if model.add_qkv_bias else \
         "A Llama-architecture (`LlamaForCausalLM`)"
     needs = []
-    if model.no_rope_freq is not None:
+    from pretrain.hf.qwen3 import card_architecture, uses_qwen
+
+    if uses_qwen(model):
+        architecture, needs = card_architecture(model)
+    elif model.no_rope_freq is not None:
         architecture = "A Llama 4 text (`Llama4ForCausalLM`: dense, no qk-norm, no chunked attention)"
         from megatron_ext.positions import nope_layers
 

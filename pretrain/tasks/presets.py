@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pretrain.table import I_ROPE, I_ROPE_FLOOR, P_ROPE, SSMAX
+from pretrain.table import I_ROPE, I_ROPE_FLOOR, P_ROPE, SSMAX, SWA_HYBRID, SWA_WINDOW
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ METHODS.update({
     "pose": Method({}, {"strategy": "pose", "pose_chunks": 2}, max_position="rfs"),
     "posaug_prope": Method(P_ROPE, POSAUG_POSITIONS),
     "posaug_irope": Method(_I_ROPE_3, POSAUG_POSITIONS, model_in_windows=I_ROPE_FLOOR),
+    # Local/global attention (issue 57): the probe's layers 1 and 3 see w/8 keys back, layer 2 all; PosAug on
+    # layer 2 only (positions.layer_mode=global).
+    "swa_hybrid": Method(SWA_HYBRID, {"strategy": "none"}, model_in_windows=SWA_WINDOW),
+    "posaug_swa_hybrid": Method(SWA_HYBRID, {**POSAUG_POSITIONS, "layer_mode": "global"},
+                                model_in_windows=SWA_WINDOW),
 })
 
 

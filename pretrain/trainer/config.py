@@ -240,7 +240,7 @@ class TrainConfig:
                              + (f"by DP ({dp})" if auto else
                                 f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})"))
         self.positions.validate_for(self.model.seq_length)
-        self.model.check_positions(self.positions.strategy, self.positions.rope_scaling)
+        self.model.check_positions(self.positions.strategy, self.positions.rope_scaling, self.positions.layer_mode)
         if self.model.rope_kernel == "triton":  # a GPU (or Triton's interpreter) is needed: refused before start
             from megatron_ext.rope_attention import chosen_rope_kernel
 

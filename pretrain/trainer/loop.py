@@ -146,7 +146,8 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
 
     sampler = build_sampler(config.positions, seed=config.seed, train_seq_len=config.model.seq_length,
                             num_layers=config.model.num_layers, rotary_dim=config.model.rotary_dim,
-                            rotary_base=config.model.rotary_base, total_steps=total_iters)
+                            rotary_base=config.model.rotary_base, total_steps=total_iters,
+                            global_layers=config.model.global_rope_layers())
     engine = Engine(config.model, config.parallel, config.optimizer, total_iters,
                     per_sample_positions=sampler.needs_per_sample or config.data.document_masking)
     engine.progress = watchdog.counters

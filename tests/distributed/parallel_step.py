@@ -43,13 +43,19 @@ STRATEGIES = {
     "ssmax": {},
     "posaug_prope": {"strategy": "posaug"},
     "posaug_irope": {"strategy": "posaug"},
+    "qknorm": {},
+    "swa_posaug_global": {"strategy": "posaug", "layer_mode": "global"},
+    "sinks": {},
 }
 # The rows whose method is a model option (pretrain/table.py's p-RoPE, NoPE-interleave + temperature, SSMax),
 # with values far enough from 1 that a layout-dependent factor would show.
 _IROPE = {"no_rope_freq": 2, "attn_temperature_tuning": True, "attn_temperature_beta": 0.5,
           "attn_temperature_floor": 4}
 MODEL_OPTIONS = {"prope": {"rope_proportion": 0.5}, "irope": _IROPE, "ssmax": {"ssmax_scale": 0.3},
-                 "posaug_prope": {"rope_proportion": 0.5}, "posaug_irope": _IROPE}
+                 "posaug_prope": {"rope_proportion": 0.5}, "posaug_irope": _IROPE,
+                 # long-context recipes (megatron_ext.local_attention): a window well inside the 32-token sequence
+                 "qknorm": {"qk_layernorm": True}, "sinks": {"softmax_type": "learnable"},
+                 "swa_posaug_global": {"window_size": 8, "window_attn_skip_freq": 2, "rotary_base_local": 500.0}}
 
 
 def sample(model, index: int) -> torch.Tensor:
@@ -163,7 +169,10 @@ def main():
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
                               sequence_parallel=args.tp > 1,
                               use_distributed_optimizer=args.distributed_optimizer)
-    reference_state = full_model_state(model) if args.pp > 1 else None
+    names = args.strategies.split(",")
+    # QK-norm and learnable sinks add parameters: each row's PP reference weights come from its own model.
+    references = {name: full_model_state(model_preset("tiny", bf16=args.bf16, **MODEL_OPTIONS.get(name, {})))
+                  for name in names} if args.pp > 1 else {}
     distributed.initialize(parallel, SEED)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -172,12 +181,12 @@ def main():
     dp_rank, dp_size = distributed.data_parallel_info()
     per_rank = GLOBAL_BATCH // dp_size
     results = {}
-    for name in args.strategies.split(","):
-        # Model options change no parameter shapes, so a PP run's reference weights serve every row.
+    for name in names:
         model = model_preset("tiny", bf16=args.bf16, **MODEL_OPTIONS.get(name, {}))
         sampler = build_sampler(PositionConfig(**STRATEGIES[name]), seed=SEED, train_seq_len=model.seq_length,
                                 num_layers=model.num_layers, rotary_dim=model.rotary_dim,
-                                rotary_base=model.rotary_base, total_steps=args.steps)
+                                rotary_base=model.rotary_base, total_steps=args.steps,
+                                global_layers=model.global_rope_layers())
         # Every strategy starts from the same weights, as a fresh process would.
         distributed.seed_all(SEED)
         model_parallel_cuda_manual_seed(SEED)
@@ -187,8 +196,8 @@ def main():
         engine = Engine(model, parallel, optimizer,
                         train_iters=args.steps,
                         per_sample_positions=sampler.needs_per_sample or args.document_masking)
-        if reference_state is not None:
-            load_stage(engine, reference_state, first_layer)
+        if name in references:
+            load_stage(engine, references[name], first_layer)
         losses = []
         for step in range(args.steps):
             data = rank_microbatches(model, step, dp_rank, per_rank, args.micro_batch_size, args.document_masking)

@@ -19,26 +19,28 @@ def test_checked_in_file_equals_the_generator_output(path):
 def test_every_shipped_config_has_a_launcher_and_nothing_else_is_generated():
     configs = {p.stem for p in GENERATED if p.suffix == ".yaml"}
     launchers = {p.stem.removeprefix("pretrain_") for p in GENERATED if p.suffix == ".sh"}
-    assert configs == launchers and len(configs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) == 55
+    assert configs == launchers and len(configs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) == 85
 
 
 def test_a_posaug_composition_is_shipped_whenever_the_method_it_composes_is():
     compositions = {name: name.removeprefix("posaug_") for name in METHODS if name.startswith("posaug_")}
     composed = [name for name, part in compositions.items() if part in METHODS]
-    assert composed == ["posaug_prope", "posaug_irope"]
+    assert composed == ["posaug_prope", "posaug_irope", "posaug_swa_hybrid", "posaug_qknorm"]
     for name in composed:
         assert (name in SHIPPED_METHODS) == (compositions[name] in SHIPPED_METHODS), name
 
 
 @pytest.mark.parametrize("size", TABLE1_SIZES)
-@pytest.mark.parametrize("composition", ["posaug_prope", "posaug_irope"])
+@pytest.mark.parametrize("composition", ["posaug_prope", "posaug_irope", "posaug_swa_hybrid", "posaug_qknorm"])
 def test_a_shipped_composition_is_posaugs_positions_with_the_model_fields_of_its_part(size, composition):
     def config(method: str) -> dict:
         return yaml.safe_load((REPO / "pretrain" / "configs" / f"{size}_{method}.yaml").read_text())
 
     part = composition.removeprefix("posaug_")
     both, posaug, alone, baseline = config(composition), config("posaug"), config(part), config("baseline")
-    assert both["positions"] == posaug["positions"] and both["positions"]["strategy"] == "posaug"
+    # PosAug beside sliding-window layers scales the global layers only (positions.layer_mode=global)
+    expected = {**posaug["positions"], **({"layer_mode": "global"} if "window_size" in alone["model"] else {})}
+    assert both["positions"] == expected and both["positions"]["strategy"] == "posaug"
     assert both["model"] == alone["model"] != baseline["model"]
 
 

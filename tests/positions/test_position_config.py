@@ -55,7 +55,7 @@ def test_invalid_numeric_parameter_is_rejected_with_its_field_and_value(override
         ("strategy", "alibi", "none, posaug, random_base, rfs, rpe, warp, pose"),
         ("alpha_distribution", "gaussian", "uniform, log_uniform, discrete, cycle, fixed"),
         ("curriculum", "cosine", "none, linear, step"),
-        ("layer_mode", "middle", "all, bottom, top, independent"),
+        ("layer_mode", "middle", "all, bottom, top, independent, global"),
         ("tail_function", "cube", "sqrt, beta_2_5"),
         ("rope_scaling", "longrope", "none, pi, ntk, dynamic_ntk, yarn, llama3"),
         ("granularity", "per_microbatch", "per_step, per_sample"),

@@ -222,7 +222,7 @@ def test_every_preset_task_budget_builds_a_valid_training_config(tmp_path):
 
 
 
-MODERN_ROWS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope")
+MODERN_ROWS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope", "swa_hybrid", "posaug_swa_hybrid")
 
 
 def test_the_rows_current_models_ship_are_opt_in_and_every_default_stays_the_eight_earlier_rows():

@@ -1,7 +1,8 @@
 """Training does not depend on the parallel layout: TP=2, PP=2 (1F1B), DP=2 (± distributed optimizer) and
 micro-batch size 4 x 1 vs 1 x 4 accumulation give one process's losses and parameters after 3 steps, for
 every position strategy and model-option method (p-RoPE, NoPE-interleave + temperature, SSMax, their PosAug
-compositions) (torchrun/gloo; one launch per layout loops over all of them)."""
+compositions, QK-norm, sinks, sliding-window layers with PosAug on the global ones) (torchrun/gloo; one launch
+per layout loops over all of them)."""
 
 import importlib.util
 
@@ -48,7 +49,7 @@ def test_layout_trains_every_strategy_like_one_process(tmp_path_factory, single_
     assert_same_training(run_layout(tmp_path_factory, nproc, *layout), single_process)
 
 
-DOCUMENT_STRATEGIES = "none,posaug_independent,rfs_per_step,rpe,warp,prope,ssmax,posaug_irope"
+DOCUMENT_STRATEGIES = "none,posaug_independent,rfs_per_step,rpe,warp,prope,ssmax,posaug_irope,swa_posaug_global"
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,8 @@ SWAPS = {
 # Fields the swaps may change: those they name (and the run directory); preset_fields adds the tiny preset's.
 SWAPPED_FIELDS = {item.split("=", 1)[0] for item in SWAPS} | {"checkpoint.save"}
 # Shipped methods whose export is refused, with the words of the refusal (HF has no architecture computing them).
-EXPORT_REFUSED = {"ssmax": "cannot export: SSMax"}
+EXPORT_REFUSED = {"ssmax": "cannot export: SSMax", "sinks": "cannot export: attention sinks",
+                  "rnope_swa": "cannot export: NoPE layers (model.no_rope_freq)"}
 
 
 def window_swaps(path: Path) -> list[str]:
