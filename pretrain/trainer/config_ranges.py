@@ -62,6 +62,8 @@ RANGES: dict[str, Range] = {
     "model.rope_scaling_original_max_position_embeddings": AT_LEAST_1, "model.rope_proportion": FRACTION,
     "model.no_rope_freq": AT_LEAST_1, "model.attn_temperature_beta": Range(0.0),
     "model.attn_temperature_floor": AT_LEAST_1, "model.ssmax_scale": POSITIVE,
+    "model.window_size": AT_LEAST_1, "model.window_attn_skip_freq": AT_LEAST_1,
+    "model.rotary_base_local": Range(1.0, low_open=True),
     # parallel
     "parallel.tensor_model_parallel_size": AT_LEAST_1, "parallel.pipeline_model_parallel_size": AT_LEAST_1,
     "parallel.context_parallel_size": AT_LEAST_1, "parallel.virtual_pipeline_model_parallel_size": AT_LEAST_1,
