@@ -159,6 +159,9 @@ MODEL_CASES = {
     "per_layer": ({}, RopePositions(positions=torch.arange(12.0),
                                     layer_positions=torch.arange(12.0) * torch.tensor([[1.0], [2.5], [0.5], [4.0]]))),
     "interleaved_p_rope": (dict(rotary_interleaved=True, rope_proportion=0.5), torch.arange(12.0) * 3.7),
+    # the long-context recipes: QK-norm before the rotation, local layers with their own base beside global ones
+    "qk_norm_sliding_window_local_base": (dict(qk_layernorm=True, window_size=4, window_attn_skip_freq=2,
+                                               rotary_base_local=500.0), torch.arange(12.0) * 2.0),
 }
 
 
