@@ -184,7 +184,7 @@ def test_a_task_config_validates_without_data_path():
 @pytest.mark.parametrize("data, message", [
     ({"task": "parity"}, "data.task='parity' is not a task"),
     ({"task_max_length": 30}, "model.seq_length >= 64"),
-    ({"task_min_length": 0}, "1 <= min <= max"),
+    ({"task_min_length": 0}, "data.task_min_length must be >= 1"),
 ])
 def test_bad_task_settings_name_the_field_and_fix(data, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
