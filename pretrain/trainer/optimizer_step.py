@@ -9,12 +9,13 @@ is applied as a device scalar clamped to 1 (a multiply by 1.0 is exact, so an un
 Megatron's skipped scaling bit for bit), and one `bool()` of "norm or loss not finite" decides the skip.
 No collective runs in a group of one process.
 
-Reaches into Megatron-Core (checked against megatron-core 0.16.1 only; megatron_ext.versions REACHES
+Reaches into Megatron-Core (checked against megatron-core 0.16.1 and 0.19.2; megatron_ext.versions REACHES
 "optimizer_step_parts" names the first, looked up when the engine is built, and selfcheck's step proves it):
 - MegatronOptimizer.prepare_grads / step_with_ready_grads (public methods, but `step()` is the documented
   entry): `step()` = prepare_grads, clip_grad_norm, count_zeros (off here), step_with_ready_grads in
   optimizer.py (FP32Optimizer, MixedPrecisionOptimizer, DistributedOptimizer, ChainedOptimizer alike).
-- get_main_grads_for_grad_norm / get_grad_stats_parallel_group / get_parameters: the gradients Megatron's norm
+- get_grads_for_grad_norm (megatron-core 0.19; get_main_grads_for_grad_norm in 0.16.1-0.18, the first one found is
+  called) / get_grad_stats_parallel_group / get_parameters: the gradients Megatron's norm
   reads (shared and TP-duplicate params left out) and the group it sums over (model-parallel, or the world
   with the distributed optimizer).
 - ChainedOptimizer.chained_optimizers: the optimizers inside a chain (a lone optimizer is its own chain).
@@ -46,13 +47,19 @@ def _group_size(group) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
+def _grads_for_norm(part) -> list:
+    """The gradients Megatron's own norm reads (the method was renamed in megatron-core 0.19)."""
+    getter = getattr(part, "get_grads_for_grad_norm", None) or part.get_main_grads_for_grad_norm
+    return getter()
+
+
 def grad_norm_squared(optimizer) -> torch.Tensor:
     """Collective over the grad-stats group (none in a group of one): Σ‖g‖² of Megatron's norm grads, float64."""
     parts = chained(optimizer)
     groups = {id(part.get_grad_stats_parallel_group()) for part in parts}
     if len(groups) != 1:  # Megatron's per-optimizer path (expert-parallel MoE), which no model here builds
         raise NotImplementedError("optimizers with different gradient-statistics groups are not supported")
-    grads = [grad for part in parts for grad in part.get_main_grads_for_grad_norm()]
+    grads = [grad for part in parts for grad in _grads_for_norm(part)]
     device = training_device()
     if grads:
         norms = torch._foreach_norm(grads, 2.0)  # one multi-tensor kernel per device and dtype
