@@ -8,8 +8,16 @@ no lock behind. Real `python -m pretrain train` runs of the tiny preset on synth
 
 The tests that guard a protection start the checkpoint helper as GPU nodes do (spawned:
 PRETRAIN_HELPER_START=spawn): a forked one inherits the trainer's signal handlers and passes without its
-shield. The kill -9 test freezes the forked writers (SIGSTOP) so that they outlive any window unless the
-fork hook's PR_SET_PDEATHSIG ends them (SIGKILL reaches a stopped process).
+shield. The kill -9 test freezes (SIGSTOP) the helpers the installed megatron-core starts during a save, so
+that they outlive any window unless PR_SET_PDEATHSIG ends them (SIGKILL reaches a stopped process):
+- on every version, the spawned Manager server behind Megatron's write-results queue (its initializer asks
+  for PDEATHSIG: children.start_checkpoint_helpers);
+- where megatron-core forks its writers (0.16: FileSystemWriterAsync.write_preloaded_data_multiproc, one
+  process per write bucket, 2 by default), those writers too (the at-fork hook: children.install_fork_hook).
+  From 0.17 on (0.17.1, 0.18.2, 0.19.2 read) the shards are written by write_preloaded_data_multithread in
+  the trainer's own threads (default thread_count 1: the calling thread alone), so there is no writer process
+  to orphan. Megatron's persistent checkpoint worker (async_utils.PersistentAsyncCaller) exists only for
+  async_sharded_save, which the trainer does not use (checkpoint.save calls dist_checkpointing.save).
 """
 
 import os
@@ -74,23 +82,68 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def freeze_forked_writers(proc: subprocess.Popen, run_dir: Path, timeout: float = 240) -> list[int]:
-    """SIGSTOP the trainer's forked checkpoint writers once one has run a clock tick, after a first checkpoint
-    is complete (the run can resume).
+def megatron_forks_checkpoint_writers() -> bool:
+    """Whether the installed megatron-core writes a save's shards in processes forked from the trainer (0.16),
+    not in the trainer's own threads (0.17 on: the method was replaced by write_preloaded_data_multithread).
 
-    Not at once: a child stopped before its at-fork hook has run would never have asked for PDEATHSIG; the hook
-    runs inside os.fork, microseconds before anything else, so a child with CPU time on the clock has run it."""
-    deadline = time.time() + timeout
+    Read from the source `import megatron.core` would load: importing it here costs ~10 CPU-s, during which the
+    trainer runs past the saves it must be caught in."""
+    import importlib.util
+
+    for root in importlib.util.find_spec("megatron").submodule_search_locations:
+        core = Path(root) / "core"
+        if (core / "__init__.py").is_file():
+            source = (core / "dist_checkpointing" / "strategies" / "filesystem_async.py").read_text()
+            return "def write_preloaded_data_multiproc(" in source
+    raise AssertionError("megatron.core is not installed")
+
+
+def results_queue_server(proc: subprocess.Popen) -> int | None:
+    """The spawned Manager server of Megatron's write-results queue (the trainer's spawn_main child), if up."""
+    for pid in group_members(proc.pid):
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            spawned = b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == proc.pid and spawned:
+            return pid
+    return None
+
+
+def freeze_checkpoint_helpers(proc: subprocess.Popen, run_dir: Path, timeout: float = 240) -> dict[int, str]:
+    """SIGSTOP, after a first checkpoint is complete (the run can resume), the results-queue server and, where
+    megatron-core forks its writers, the forked writers of a later save once one has run a clock tick (at least
+    one is required there); returns {pid: what it is}.
+
+    A writer is not stopped at once: one stopped before its at-fork hook has run would never have asked for
+    PDEATHSIG; the hook runs inside os.fork, microseconds before anything else, so a child with CPU time on the
+    clock has run it. The server has run its initializer (PDEATHSIG) before the Manager's start returns."""
+    need_writers, deadline = megatron_forks_checkpoint_writers(), time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        saved = (run_dir / "latest_checkpointed_iteration.txt").is_file()
-        writers = [pid for pid in forked_children(proc) if cpu_ticks(pid) >= 1] if saved else []
-        if writers:
-            for pid in writers:
-                os.kill(pid, signal.SIGSTOP)
-            return writers
+        if (run_dir / "latest_checkpointed_iteration.txt").is_file():
+            server = results_queue_server(proc)
+            writers = [pid for pid in forked_children(proc) if cpu_ticks(pid) >= 1] if need_writers else []
+            if server is not None and (writers or not need_writers):
+                frozen = {server: "the results-queue server", **{pid: "a forked checkpoint writer" for pid in writers}}
+                for pid in frozen:
+                    os.kill(pid, signal.SIGSTOP)
+                return frozen
         time.sleep(0.002)
     proc.kill()
-    raise AssertionError(f"never caught a forked checkpoint writer alive ({proc.poll()})")
+    wanted = "the results-queue server and a forked writer" if need_writers else "the results-queue server"
+    raise AssertionError(f"never caught {wanted} alive after a complete checkpoint ({proc.poll()})")
+
+
+def wait_for_a_partial_save(proc: subprocess.Popen, run_dir: Path, timeout: float = 120) -> None:
+    """Return once an iter_N.tmp exists (with its server frozen, the trainer blocks inside that save)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if any(path.is_dir() for path in run_dir.glob("iter_*.tmp")):
+            return
+        time.sleep(0.002)
+    proc.kill()
+    raise AssertionError(f"the trainer never started a save after its helpers were frozen ({proc.poll()})")
 
 
 @pytest.fixture(scope="module")
@@ -152,17 +205,18 @@ def test_a_second_ctrl_c_abandons_the_stop_save_in_one_line_and_the_run_resumes_
     assert_same_curve(run_dir, uninterrupted)
 
 
-# slow: runs in the pinned whole suite. On megatron-core 0.19.2's fast suite it never caught a forked writer alive
-# (the trainer finished first, exit 0): whether 0.19's async save still forks its writers is not yet checked.
+# slow (~40 s: three training runs): the pinned whole suite runs it, the newest megatron-core's fast suite does not.
 @pytest.mark.slow
 def test_kill_9_of_the_trainer_inside_a_save_leaves_no_helper_alive_and_no_lock(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "spawn")  # the results-queue server exec'ed: every forked child is a writer
-    writers = freeze_forked_writers(proc, run_dir)
+    frozen = freeze_checkpoint_helpers(proc, run_dir)
+    wait_for_a_partial_save(proc, run_dir)
     proc.send_signal(signal.SIGKILL)  # the trainer alone: its helpers must notice
     proc.wait(timeout=30)
     left = wait_group_gone(proc.pid)
-    assert not set(left) & set(writers), f"a frozen checkpoint writer outlived the killed trainer: {left}"
+    outlived = sorted({frozen[pid] for pid in set(left) & set(frozen)})
+    assert not outlived, f"frozen, they outlived the killed trainer: {', '.join(outlived)} ({left})"
     assert left == [], "a checkpoint helper outlived the killed trainer"
     assert f"PID {proc.pid} " in (run_dir / ".lock").read_text()  # the dead run's lock file is left ...
     resumed = run_train(_overrides(run_dir))  # ... and taken over at once
