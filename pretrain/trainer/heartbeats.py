@@ -8,6 +8,16 @@ Every store operation runs on a helper thread and is given up after STORE_TIMEOU
 not keep its own timeout once the store's host is SIGSTOPped (torch 2.13, measured: a `get` with a 3 s timeout
 still blocked after 15 s, and held the client's lock, so the next `set` blocked too). A call still blocked makes
 the next one fail at once, so a rank cut off from the store reports within the train timeout plus a few ticks.
+
+A read is one store call, a `multi_get` of every rank's key, whatever the world size (it was a `check`, then a
+`multi_get`). On the wire torch's TCPStore client sends a WAIT for the keys before the MULTI_GET, so a read is two
+request/reply exchanges, not three (torch 2.13, counted through a forwarding TCP proxy); no client call reads many
+values in one exchange. That WAIT lasts up to the client's timeout for a key that does not exist, so every key is
+made to exist first (`Heartbeats.reserve`, on the watchdog thread before its first read): `compare_set(key, "", "")`
+creates an empty value where no rank published and leaves a published heartbeat alone (rank r's own `set` always
+overwrites it). An empty value reads as "never published". The reservation costs, once per process, a `check` per
+STORE_BATCH keys and, where some of them are missing, a `compare_set` per key; a read of a key not yet reserved
+reserves it first, so no read ever waits on a missing key.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import torch.distributed as dist
 from pretrain.trainer.hang_diagnosis import StepCounters
 
 STORE_TIMEOUT_S = 3.0  # one side-channel operation; a partitioned rank gives up on the store after this
+STORE_BATCH = 16  # keys reserved per bounded call: 16 compare_sets at 30 ms a call fit STORE_TIMEOUT_S
 
 
 class StoreUnanswered(Exception):
@@ -62,20 +73,23 @@ class StoreLink:
 
 
 def fetch_records(store: Any, keys: dict[int, str]) -> dict[int, dict]:
-    """{rank: heartbeat} of the keys present, in two store round trips whatever the world size (a `check` of
-    every key, then one `multi_get`), not two per rank: 64 ranks at 30 ms a call would outlast STORE_TIMEOUT_S.
-    Only when some rank never published (it never started its watchdog) are the keys checked one by one."""
-    names = list(keys.values())
-    if not names:
-        return {}
-    present = keys if store.check(names) else {rank: key for rank, key in keys.items() if store.check([key])}
-    if not present:
+    """{rank: heartbeat} of the ranks that published one, in one store call whatever the world size (a `multi_get`;
+    one `get` per rank before torch 2.5). Every key must exist (reserved), or the call waits out the timeout."""
+    if not keys:
         return {}
     if hasattr(store, "multi_get"):  # torch >= 2.5
-        values = store.multi_get(list(present.values()))
+        values = store.multi_get(list(keys.values()))
     else:
-        values = [store.get(key) for key in present.values()]
-    return {rank: json.loads(value) for rank, value in zip(present, values)}
+        values = [store.get(key) for key in keys.values()]
+    return {rank: json.loads(value) for rank, value in zip(keys, values) if value}
+
+
+def reserve_keys(store: Any, keys: list[str]) -> None:
+    """Make each key exist, as an empty value where none was set; a value already set is left as it is."""
+    if store.check(keys):
+        return
+    for key in keys:
+        store.compare_set(key, "", "")
 
 
 class Heartbeats:
@@ -90,6 +104,7 @@ class Heartbeats:
         self.link, self.problem = self._connect()
         self.beat = 0
         self.records: dict[int, dict] = {}  # every rank's last heartbeat seen
+        self.reserved: set[int] = set()  # ranks whose key is known to exist (a multi_get of them cannot wait)
 
     def _connect(self) -> tuple[StoreLink | None, str | None]:
         if self.world == 1:
@@ -116,11 +131,35 @@ class Heartbeats:
         except (StoreUnanswered, RuntimeError, OSError) as error:  # a lost link, or the store's host stopped
             self.problem = f"the rendezvous store does not answer ({str(error).splitlines()[0]})"
 
+    def reserve(self, ranks: range | list[int] | None = None) -> bool:
+        """Make the heartbeat key of every rank (or of `ranks`) exist, so a read never waits on a missing one;
+        False, with `problem` set, when the store does not answer."""
+        if self.link is None:
+            return False
+        missing = [rank for rank in (range(self.world) if ranks is None else ranks) if rank not in self.reserved]
+        if not missing:
+            return True
+        # one bounded call per STORE_BATCH keys: 128 ranks' compare_sets at 30 ms a call (3.8 s) in one would
+        # outlast STORE_TIMEOUT_S and blame the store
+        for start in range(0, len(missing), STORE_BATCH):
+            batch = missing[start:start + STORE_BATCH]
+            keys = [f"{self.prefix}{rank}" for rank in batch]
+            try:
+                self.link.call(lambda store: reserve_keys(store, keys))
+            except (StoreUnanswered, RuntimeError, OSError, ValueError) as error:
+                self.problem = f"the rendezvous store does not answer ({str(error).splitlines()[0]})"
+                return False
+            self.reserved.update(batch)
+        return True
+
     def read(self, ranks: range | list[int] | None = None) -> dict[int, dict] | None:
         """The last heartbeat of each rank that sent one, or None when the store does not answer."""
         if self.link is None or self.problem:
             return None
-        keys = {rank: f"{self.prefix}{rank}" for rank in (range(self.world) if ranks is None else ranks)}
+        wanted = range(self.world) if ranks is None else ranks
+        if not self.reserve(wanted):  # nothing to do once the watchdog thread reserved them all
+            return None
+        keys = {rank: f"{self.prefix}{rank}" for rank in wanted}
         try:
             found = self.link.call(lambda store: fetch_records(store, keys))
         except (StoreUnanswered, RuntimeError, OSError, ValueError) as error:

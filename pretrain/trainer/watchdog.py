@@ -160,6 +160,7 @@ class Watchdog:
 
     # ---- the thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
+        self.beats.reserve()  # before any read here: a read of a key no rank wrote would wait out the store's timeout
         while True:
             before = time.monotonic()
             self._wake.wait(self.tick)
