@@ -6,7 +6,10 @@ signals in the middle of that save nor outlive a trainer killed with SIGKILL (th
 run's memory, and, before the run lock became a POSIX lock, the lock itself):
 
 - forked children (Megatron's checkpoint writers, data workers) get PR_SET_PDEATHSIG=SIGKILL from an
-  at-fork hook, so the kernel kills them when the trainer dies;
+  at-fork hook, so the kernel kills them when the trainer dies. Only megatron-core 0.16 forks checkpoint
+  writers (FileSystemWriterAsync.write_preloaded_data_multiproc); 0.17.1, 0.18.2 and 0.19.2 write in the
+  trainer's own threads (write_preloaded_data_multithread), where the results-queue server below is the one
+  checkpoint helper process;
 - Megatron's results-queue Manager server (spawned where CUDA is initialised, as Megatron does; forked on
   CPU runs, see `manager_start_method`) sets the same in its initializer and is born with the stop signals
   blocked (it ignores SIGINT itself);

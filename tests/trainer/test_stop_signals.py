@@ -86,7 +86,7 @@ def megatron_forks_checkpoint_writers() -> bool:
     """Whether the installed megatron-core writes a save's shards in processes forked from the trainer (0.16),
     not in the trainer's own threads (0.17 on: the method was replaced by write_preloaded_data_multithread).
 
-    Read from the source `import megatron.core` would load: importing it here costs ~10 CPU-s, during which the
+    Read from the source file `import megatron.core` would load: importing it here costs ~10 CPU-s, during which the
     trainer runs past the saves it must be caught in."""
     import importlib.util
 
@@ -205,7 +205,8 @@ def test_a_second_ctrl_c_abandons_the_stop_save_in_one_line_and_the_run_resumes_
     assert_same_curve(run_dir, uninterrupted)
 
 
-# slow (~40 s: three training runs): the pinned whole suite runs it, the newest megatron-core's fast suite does not.
+# slow (three training runs: 1.5-2 min here with the machine shared): the pinned whole suite runs it, the newest
+# megatron-core's fast suite does not (its slow part runs only NEWEST_CHECKPOINT_TESTS).
 @pytest.mark.slow
 def test_kill_9_of_the_trainer_inside_a_save_leaves_no_helper_alive_and_no_lock(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
