@@ -162,6 +162,8 @@ def main():
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--distributed-optimizer", action="store_true")
     parser.add_argument("--document-masking", action="store_true", help="EOD-ended documents, masked apart")
+    parser.add_argument("--document-strategies", default="",
+                        help="rows also run with document masking in the same launch, saved as '<name>+documents'")
     parser.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params and grads")
     parser.add_argument("--out", required=True, help="torch.save file: {strategy: {losses, parameters}}")
     args = parser.parse_args()
@@ -169,10 +171,13 @@ def main():
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
                               sequence_parallel=args.tp > 1,
                               use_distributed_optimizer=args.distributed_optimizer)
-    names = args.strategies.split(",")
+    # (row name, strategy, document masking): a launch costs ~10 s of imports per rank, so the document-masked
+    # rows share the launch of the plain ones.
+    rows = [(name, name, args.document_masking) for name in args.strategies.split(",")]
+    rows += [(f"{name}+documents", name, True) for name in filter(None, args.document_strategies.split(","))]
     # QK-norm and learnable sinks add parameters: each row's PP reference weights come from its own model.
     references = {name: full_model_state(model_preset("tiny", bf16=args.bf16, **MODEL_OPTIONS.get(name, {})))
-                  for name in names} if args.pp > 1 else {}
+                  for _, name, _ in rows} if args.pp > 1 else {}
     distributed.initialize(parallel, SEED)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -181,7 +186,7 @@ def main():
     dp_rank, dp_size = distributed.data_parallel_info()
     per_rank = GLOBAL_BATCH // dp_size
     results = {}
-    for name in names:
+    for row, name, document_masking in rows:
         model = model_preset("tiny", bf16=args.bf16, **MODEL_OPTIONS.get(name, {}))
         sampler = build_sampler(PositionConfig(**STRATEGIES[name]), seed=SEED, train_seq_len=model.seq_length,
                                 num_layers=model.num_layers, rotary_dim=model.rotary_dim,
@@ -195,19 +200,19 @@ def main():
         optimizer = OptimizerSettings(lr=1e-3, min_lr=1e-3, lr_decay_style="constant", clip_grad=0.0, adam_eps=1e-4)
         engine = Engine(model, parallel, optimizer,
                         train_iters=args.steps,
-                        per_sample_positions=sampler.needs_per_sample or args.document_masking)
+                        per_sample_positions=sampler.needs_per_sample or document_masking)
         if name in references:
             load_stage(engine, references[name], first_layer)
         losses = []
         for step in range(args.steps):
-            data = rank_microbatches(model, step, dp_rank, per_rank, args.micro_batch_size, args.document_masking)
+            data = rank_microbatches(model, step, dp_rank, per_rank, args.micro_batch_size, document_masking)
             result = engine.train_step(iter(data), sampler, step, len(data), args.micro_batch_size,
                                        model.seq_length)
             losses.append(result.loss)
         parameters = full_parameters(engine, model, first_layer)
         if dist.get_rank() == 0:
-            results[name] = {"losses": losses, "parameters": parameters}
-            print("RESULT " + json.dumps({"strategy": name, "losses": losses}), flush=True)
+            results[row] = {"losses": losses, "parameters": parameters}
+            print("RESULT " + json.dumps({"strategy": row, "losses": losses}), flush=True)
         del engine
     if dist.get_rank() == 0:
         torch.save(results, args.out)

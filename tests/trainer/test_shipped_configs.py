@@ -12,12 +12,17 @@ temperature floor, the SSMax scale 1/log w) shrink with the window by the table'
 window, an RFS export at w = 32 would be refused (its evaluation length 8w is below max_position).
 
 Once shrunk, the five sizes of a method are one config, so each distinct shrunk config runs once, named after the
-yamls it covers. Every shipped config sets the distributed optimizer, so each runs on 2 gloo ranks (DP=2, the
-sharded path the 42m-1b launchers take at DP >= 4); the 10m launchers' one GPU runs the same code on one shard,
-which tests/trainer/test_distributed_optimizer.py covers (its resume on one process).
+yamls it covers. Each runs in one process, the distributed optimizer on its one shard, as the 10m launchers' one
+GPU runs it. PosAug's runs on 2 gloo ranks (DP=2, the sharded path the 42m-1b launchers take at DP >= 4); that every
+method's positions and model options train alike under DP=2, TP=2 and PP=2 is tests/trainer/
+test_parallel_equivalence.py's, and the sharded save and resume tests/trainer/test_distributed_optimizer.py's.
 
 The resume is checked bit for bit: the uninterrupted run saves at step 2 and runs on to step 3 in the same process,
-so the bitwise check costs one resumed process per config, no more than a finite-loss check would."""
+so the bitwise check costs one resumed process per config. It runs for one config per position strategy (its
+sampler's state is what a resume must restore, and only the strategy decides it) and for the model options that
+add trained parameters (learnable sinks, QK-norm's layer norms); the other model options change no state a
+checkpoint holds. Every training process costs ~9 CPU-s, ~20 under torchrun (most of it start-up), which is why
+not every config runs on two ranks and resumes (tests/unit_times.py names this module's share of the suite)."""
 
 import shutil
 from pathlib import Path
@@ -88,6 +93,11 @@ def preset_fields(size: str) -> set[str]:
     return {f"model.{name}" for name in shipped if shipped[name] != tiny[name]}
 
 
+def method_of(paths: list[Path]) -> str:
+    """The shipped method a run's yamls share (their names are <size>_<method>)."""
+    return paths[0].stem.split("_", 1)[1]
+
+
 def distinct_runs() -> list[tuple[str, list[Path]]]:
     """(id, the yamls it covers) of each distinct shrunk config; the id names the method and the sizes."""
     from pretrain.table import SIZES
@@ -108,6 +118,20 @@ def distinct_runs() -> list[tuple[str, list[Path]]]:
 
 
 RUNS = distinct_runs()
+# Runs on 2 gloo ranks: the distributed optimizer's sharded path, as the 42m-1b launchers run it.
+TWO_RANK_METHODS = {"posaug"}
+# Model options that add trained parameters the checkpoint must hold (see the module docstring).
+PARAMETER_METHODS = {"sinks", "qknorm"}
+
+
+def resumed_runs() -> set[str]:
+    """The run ids whose resume is checked: the first run of each position strategy, and PARAMETER_METHODS."""
+    from pretrain.trainer.config import load
+
+    first_of_strategy: dict[str, str] = {}
+    for run_id, paths in sorted(RUNS, key=lambda run: method_of(run[1]) != "baseline"):
+        first_of_strategy.setdefault(load(paths[0]).positions.strategy, run_id)
+    return set(first_of_strategy.values()) | {run_id for run_id, paths in RUNS if method_of(paths) in PARAMETER_METHODS}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[path.stem for path in SHIPPED])
@@ -131,23 +155,33 @@ def test_shrunk_configs_collapse_to_one_run_per_shipped_method():
     assert sorted(m for group in methods for m in group) == sorted(SHIPPED_METHODS), [r[0] for r in RUNS]
 
 
-def method_of(paths: list[Path]) -> str:
-    """The shipped method a run's yamls share (their names are <size>_<method>)."""
-    return paths[0].stem.split("_", 1)[1]
+def test_the_resumed_runs_cover_every_position_strategy_and_the_parameter_adding_options():
+    from pretrain.trainer.config import load
+
+    resumed = {run_id: paths for run_id, paths in RUNS if run_id in resumed_runs()}
+    strategies = {load(paths[0]).positions.strategy for _, paths in RUNS}
+    assert {load(paths[0]).positions.strategy for paths in resumed.values()} == strategies
+    assert PARAMETER_METHODS <= {method_of(paths) for paths in resumed.values()}
+    assert TWO_RANK_METHODS <= {method_of(paths) for paths in resumed.values()}
+
+
+def ranks(paths: list[Path]) -> int:
+    """How many gloo ranks a run trains on (TWO_RANK_METHODS: 2)."""
+    return 2 if method_of(paths) in TWO_RANK_METHODS else 1
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[run_id for run_id, _ in RUNS])
 def shipped_run(request, tmp_path_factory):
-    """The first yaml of a distinct shrunk config, three steps on 2 gloo ranks, saves after 2 and 3:
-    (the yamls covered, run dir, the CompletedProcess)."""
-    _, paths = request.param
+    """The first yaml of a distinct shrunk config, three steps, saves after 2 and 3:
+    (run id, the yamls covered, run dir, the CompletedProcess)."""
+    run_id, paths = request.param
     run_dir = tmp_path_factory.mktemp(paths[0].stem) / "run"
-    proc = run_train([*shrunk_overrides(paths[0], run_dir), "--config", str(paths[0])], nproc=2)
-    return paths, run_dir, proc
+    proc = run_train([*shrunk_overrides(paths[0], run_dir), "--config", str(paths[0])], nproc=ranks(paths))
+    return run_id, paths, run_dir, proc
 
 
 def test_shipped_config_trains_two_steps_and_saves_without_warnings(shipped_run):
-    _, run_dir, proc = shipped_run
+    _, _, run_dir, proc = shipped_run
     assert (run_dir / "iter_0000002" / "train_state.json").is_file()
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == str(STEPS)
     losses = tensorboard_scalars(run_dir, "train/loss")
@@ -156,9 +190,11 @@ def test_shipped_config_trains_two_steps_and_saves_without_warnings(shipped_run)
 
 
 def test_shipped_config_resumed_at_step_2_repeats_step_3_bit_for_bit(shipped_run, tmp_path):
-    paths, run_dir, _ = shipped_run
+    run_id, paths, run_dir, _ = shipped_run
+    if run_id not in resumed_runs():
+        pytest.skip("same position strategy and checkpointed state as a resumed run (module docstring)")
     shutil.copytree(run_dir / "iter_0000002", tmp_path / "iter_0000002")
-    resumed = run_train([*shrunk_overrides(paths[0], tmp_path), "--config", str(paths[0])], nproc=2)
+    resumed = run_train([*shrunk_overrides(paths[0], tmp_path), "--config", str(paths[0])], nproc=ranks(paths))
     assert "resumed from iteration 2" in resumed.stdout, resumed.stdout[-2000:]
     for tag in ("train/loss", "train/grad_norm"):
         assert tensorboard_scalars(tmp_path, tag)[STEPS] == tensorboard_scalars(run_dir, tag)[STEPS], tag
@@ -170,7 +206,7 @@ def test_shipped_config_exports_to_hf_or_refuses_in_one_line(shipped_run, tmp_pa
 
     from pretrain.hf.export import export_cli
 
-    paths, run_dir, _ = shipped_run
+    _, paths, run_dir, _ = shipped_run
     output = tmp_path / "hf"
     code = export_cli([str(run_dir), "--output", str(output), "--no-tokenizer"])
     errors = capsys.readouterr().err.strip().splitlines()
