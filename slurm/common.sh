@@ -162,7 +162,7 @@ SETS=(
 # The shipped configs target GPUs (Transformer Engine, BF16, distributed optimizer). On CPU-only nodes (CI's
 # local clusters) Transformer Engine cannot run, so the local layers replace it; FP32 and the plain optimizer are
 # kept there because the cluster tests compare loss curves across layouts bit for bit, which BF16 holds only within
-# a tolerance (tests/trainer/test_bf16_layouts.py). BF16 and the distributed optimizer do run on CPU
+# a tolerance (tests/trainer/test_parallel_equivalence.py). BF16 and the distributed optimizer do run on CPU
 # (tests/trainer/test_shipped_configs.py): OVERRIDES or launcher arguments come later and win, e.g. --set model.bf16=true.
 if [ "$DEVICE" = cpu ]; then
     SETS+=("model.transformer_impl=local" "model.bf16=false" "parallel.use_distributed_optimizer=false")

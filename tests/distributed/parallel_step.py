@@ -165,6 +165,8 @@ def main():
     parser.add_argument("--document-strategies", default="",
                         help="rows also run with document masking in the same launch, saved as '<name>+documents'")
     parser.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params and grads")
+    parser.add_argument("--bf16-strategies", default="",
+                        help="rows also run in bf16 in the same launch, saved as '<name>+bf16'")
     parser.add_argument("--out", required=True, help="torch.save file: {strategy: {losses, parameters}}")
     args = parser.parse_args()
     model = model_preset("tiny", bf16=args.bf16)
@@ -173,11 +175,14 @@ def main():
                               use_distributed_optimizer=args.distributed_optimizer)
     # (row name, strategy, document masking): a launch costs ~10 s of imports per rank, so the document-masked
     # rows share the launch of the plain ones.
-    rows = [(name, name, args.document_masking) for name in args.strategies.split(",")]
-    rows += [(f"{name}+documents", name, True) for name in filter(None, args.document_strategies.split(","))]
+    rows = [(name, name, args.document_masking, args.bf16) for name in args.strategies.split(",")]
+    rows += [(f"{name}+documents", name, True, args.bf16)
+             for name in filter(None, args.document_strategies.split(","))]
+    rows += [(f"{name}+bf16", name, args.document_masking, True)
+             for name in filter(None, args.bf16_strategies.split(","))]
     # QK-norm and learnable sinks add parameters: each row's PP reference weights come from its own model.
-    references = {name: full_model_state(model_preset("tiny", bf16=args.bf16, **MODEL_OPTIONS.get(name, {})))
-                  for _, name, _ in rows} if args.pp > 1 else {}
+    references = {(name, bf16): full_model_state(model_preset("tiny", bf16=bf16, **MODEL_OPTIONS.get(name, {})))
+                  for _, name, _, bf16 in rows} if args.pp > 1 else {}
     distributed.initialize(parallel, SEED)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -186,8 +191,8 @@ def main():
     dp_rank, dp_size = distributed.data_parallel_info()
     per_rank = GLOBAL_BATCH // dp_size
     results = {}
-    for row, name, document_masking in rows:
-        model = model_preset("tiny", bf16=args.bf16, **MODEL_OPTIONS.get(name, {}))
+    for row, name, document_masking, bf16 in rows:
+        model = model_preset("tiny", bf16=bf16, **MODEL_OPTIONS.get(name, {}))
         sampler = build_sampler(PositionConfig(**STRATEGIES[name]), seed=SEED, train_seq_len=model.seq_length,
                                 num_layers=model.num_layers, rotary_dim=model.rotary_dim,
                                 rotary_base=model.rotary_base, total_steps=args.steps,
@@ -201,8 +206,8 @@ def main():
         engine = Engine(model, parallel, optimizer,
                         train_iters=args.steps,
                         per_sample_positions=sampler.needs_per_sample or document_masking)
-        if name in references:
-            load_stage(engine, references[name], first_layer)
+        if (name, bf16) in references:
+            load_stage(engine, references[(name, bf16)], first_layer)
         losses = []
         for step in range(args.steps):
             data = rank_microbatches(model, step, dp_rank, per_rank, args.micro_batch_size, document_masking)
