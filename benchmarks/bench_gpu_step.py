@@ -19,16 +19,13 @@ and SDPA, the distributed optimizer) with global batch 128; cpu-tiny is a second
 A variant whose switch is not a field of this build's config is listed as 'not available in this build' and
 skipped; 'all together' takes every available switch. Switches marked CUDA_ONLY are skipped without a GPU.
 
-Private API reached (torch 2.11 CUDA and 2.13 CPU checked): torch.utils._python_dispatch.TorchDispatchMode, the only
-way to see every aten._local_scalar_dense (each device->host read) made inside a step, where only this build has no
-pretrain.trainer.host_syncs counter of its own.
+What each column counts, and the one private torch API that reaches it: benchmarks/step_measures.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import json
 import os
 import shutil
@@ -38,10 +35,12 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from step_measures import TRACE_STEPS, count_syncs, profile, timed_block  # noqa: E402
 
 # ---- the variants: name -> overrides on top of TODAY --------------------------------------------------------------
 # The host-sync change has no switch: every row, `today` included, runs the one-sync step (its column shows it).
@@ -67,9 +66,7 @@ PRESETS: dict[str, tuple[str | None, list[str]]] = {
     "cpu-tiny": (None, ["preset=tiny", "model.seq_length=64", "model.vocab_size=512", "schedule.global_batch_size=4",
                         "schedule.micro_batch_size=2"]),
 }
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 WARMUP_STEPS = 2
-TRACE_STEPS = 3
 
 
 def has_field(config, key: str) -> bool:
@@ -100,39 +97,6 @@ def plan_variants(base, names: list[str], cuda: bool) -> tuple[dict[str, list[st
         else:
             skipped[ALL_TOGETHER] = "fewer than two changes available in this build"
     return runnable, {k: v for k, v in skipped.items() if k in names}
-
-
-class SyncCounter:
-    """Device->host syncs: the trainer's own counter (pretrain.trainer.host_syncs) where this build has it, else
-    every aten._local_scalar_dense on the device's tensors (on a CPU that includes reads that stay on the host)."""
-
-    def __init__(self, device_type: str) -> None:
-        try:
-            from pretrain.trainer.host_syncs import HostSyncCounter
-
-            self.mode, self.how = HostSyncCounter(device_type), "pretrain.trainer.host_syncs.HostSyncCounter"
-        except ImportError:
-            self.mode, self.how = ScalarReads(device_type), "aten._local_scalar_dense on " + device_type
-            if device_type == "cpu":
-                self.how += " (every scalar read, host-only ones included)"
-
-    @property
-    def count(self) -> int:
-        """Syncs counted so far."""
-        return self.mode.count
-
-
-class ScalarReads(TorchDispatchMode):
-    """Counts aten._local_scalar_dense (`.item()`, `bool()`, `float()` of a tensor) on one device type."""
-
-    def __init__(self, device_type: str) -> None:
-        super().__init__()
-        self.device_type, self.count = device_type, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
-        if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == self.device_type:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 class Variant:
@@ -183,59 +147,6 @@ class Variant:
         """Stop the prefetch thread, if any."""
         if self.prefetch:
             self.prefetch.close()
-
-
-def _synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed_block(variant: Variant, steps: int) -> float:
-    """Seconds for `steps` steps back to back (the device drained before and after)."""
-    _synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        variant.step()
-    _synchronize()
-    return time.perf_counter() - start
-
-
-def count_syncs(variant: Variant, device_type: str) -> tuple[int | None, str]:
-    """Device->host syncs in one step, and how they were counted (None with the reason when counting failed)."""
-    counter = SyncCounter(device_type)
-    try:
-        with counter.mode:
-            variant.step()
-    except Exception as error:  # e.g. a compiled graph refusing a dispatch mode: reported, not fatal
-        return None, f"{counter.how}: failed ({type(error).__name__}: {str(error).splitlines()[0][:120]})"
-    return counter.count, counter.how
-
-
-def profile(variant: Variant, trace: Path, cuda: bool) -> tuple[float, str]:
-    """Kernel launches (or CPU ops) per step over TRACE_STEPS steps; the chrome trace gzipped to `trace`."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    _synchronize()
-    with torch_profile(activities=activities) as prof:
-        for _ in range(TRACE_STEPS):
-            variant.step()
-        _synchronize()
-    raw = trace.with_suffix("")  # trace_*.json, then gzipped beside it
-    prof.export_chrome_trace(str(raw))
-    with open(raw, "rb") as src, gzip.open(trace, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
-    events = prof.events()
-    if cuda:
-        kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))]
-        if kernels:
-            return len(kernels) / TRACE_STEPS, "CUDA kernel events"
-        # a profiler build that records no device events still records the host's launch calls
-        calls = [e for e in events if e.name in LAUNCH_CALLS]
-        return len(calls) / TRACE_STEPS, "host kernel-launch calls (no CUDA kernel events recorded)"
-    ops = [e for e in events if e.name.startswith("aten::")]
-    return len(ops) / TRACE_STEPS, "CPU aten ops, nested ones included (no CUDA: not kernel launches)"
 
 
 def parser() -> argparse.ArgumentParser:

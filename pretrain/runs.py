@@ -116,7 +116,7 @@ def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = 
     from pretrain.trainer import config as config_module
     from pretrain.trainer.checkpoint import latest_iteration
     from pretrain.trainer.metrics import read_status, status_problem
-    from pretrain.trainer.run_dir import last_healthy
+    from pretrain.trainer.run_commit import last_healthy
 
     name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
     iteration = latest_iteration(run_dir) or 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Per-task wrapper run by `srun` (one task per GPU): turn SLURM's task identity into the torchrun-style
 # environment the trainer reads, then exec the command. Everything else (MASTER_ADDR, MASTER_PORT,
-# NCCL/OMP settings) is exported by slurm/common.sh in the batch script and inherited through srun.
+# NCCL/OMP settings) is exported by slurm/common_run.sh in the batch script and inherited through srun.
 #   SLURM_PROCID -> RANK      (global rank, 0 .. SLURM_NTASKS-1)
 #   SLURM_LOCALID -> LOCAL_RANK (rank on this node; the trainer's CUDA device index)
 #   SLURM_NTASKS -> WORLD_SIZE

@@ -1,7 +1,7 @@
 """Megatron-Core distributed checkpoints: atomic verified save, keep-last-K, resume under any TP/PP.
 
-The run directory's files (layout, commit, pruning, a failed save's clean-up) belong to
-`pretrain.trainer.run_dir`; this module writes and reads Megatron's state into them.
+The run directory's files belong to `pretrain.trainer.run_dir` (layout, verification, resume) and
+`pretrain.trainer.run_commit` (commit, pruning, a failed save's clean-up); this module writes and reads Megatron's state into them.
 
 A save goes to `iter_N.tmp` and is renamed when every rank has finished writing and
 train_state.json records the size and checksum of each file, so a crash mid-save leaves the
@@ -23,12 +23,11 @@ import torch.distributed as dist
 
 from pretrain.faults import probe_fault, write_fault
 from pretrain.trainer import children, precision_resume
+from pretrain.trainer.run_commit import commit_checkpoint, failed_save_error, partial_dir, start_partial
 from pretrain.trainer.run_dir import (LATEST, MOVE_RUN, STATE, CheckpointError,  # noqa: F401 (re-exported)
-                                      DamagedCheckpointError, Resume, any_rank, checkpoints,
-                                      commit_checkpoint, failed_save_error, file_record, iteration_dir,
-                                      latest_iteration, on_rank0, partial_dir, plan_resume, rank as _rank,
-                                      read_train_state, resolve, resume_hint, run_output, set_aside_newer,
-                                      start_partial, verify)
+                                      DamagedCheckpointError, Resume, any_rank, checkpoints, file_record,
+                                      iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
+                                      read_train_state, resolve, resume_hint, run_output, set_aside_newer, verify)
 
 # Megatron's checkpoint helper processes (results-queue Manager, forked writers) are started shielded
 # from the job's stop signals and tied to the trainer's life in pretrain.trainer.children.

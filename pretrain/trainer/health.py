@@ -1,5 +1,5 @@
 """Training health as pruning needs it: the first skipped update or loss spike after a healthy step makes the
-newest checkpoint saved before it the run's last healthy one (run_dir.record_trouble), which pruning keeps beside
+newest checkpoint saved before it the run's last healthy one (run_commit.record_trouble), which pruning keeps beside
 the newer ones, so a divergence cannot cost every good checkpoint (keep_last counts only the newest)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 from collections import deque
 from pathlib import Path
 
-from pretrain.trainer.run_dir import record_trouble
+from pretrain.trainer.run_commit import record_trouble
 
 SPIKE_FACTOR = 2.0  # a loss above this many times the mean of the recent ones is a spike
 SPIKE_WINDOW = 20  # recent losses the mean is taken over

@@ -17,8 +17,8 @@ HOST_READS = {
     # torch's Adam/AdamW (foreach or single-tensor) keep each param's `step` on the host unless fused or
     # capturable, and read it per param (torch/optim/optimizer.py `_get_value`); the fused step reads none
     ("torch/optim/optimizer.py", "_get_value"): "torch Adam's host step counter",
-    # the per-step PosAug α is drawn from a CPU generator on purpose (megatron_ext/positions/sampler.py)
-    ("megatron_ext/positions/sampler.py", "sample_alpha"): "PosAug's α from a CPU generator",
+    # the per-step PosAug α is drawn from a CPU generator on purpose (megatron_ext/positions/draws.py)
+    ("megatron_ext/positions/draws.py", "sample_alpha"): "PosAug's α from a CPU generator",
     # Megatron's RNG tracker (TP dropout/init regions) compares torch.get_rng_state(), a CPU tensor, on leaving fork()
     ("megatron/core/tensor_parallel/random.py", "fork"): "Megatron's CPU RNG state check",
 }

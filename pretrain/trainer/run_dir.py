@@ -1,5 +1,6 @@
-"""What a run directory holds and may be trusted for: checkpoint verification, where to resume, and every file a
-checkpoint save writes there (the one owner of the directory's files; Megatron's state in them: checkpoint.py).
+"""What a run directory holds and may be trusted for: its layout, checkpoint verification, where to resume, and
+which checkpoint a reader gets (writing a checkpoint's files there: run_commit.py; Megatron's state in them:
+checkpoint.py).
 
 Layout of a run directory (the lock: run_lock.py):
 
@@ -26,7 +27,7 @@ import logging
 import os
 import re
 import shutil
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -34,7 +35,7 @@ from typing import Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
-from pretrain.faults import WRITE_FAULTS, OutputError, human_bytes, naming_output, output_error
+from pretrain.faults import WRITE_FAULTS, OutputError, naming_output
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "train_state.json"
@@ -312,104 +313,3 @@ def on_rank0(function: Callable[[], T]) -> T:
     if outcome[1] is not None:
         raise CheckpointError(outcome[1])
     return outcome[0]
-
-
-# ------------------------------------------------------------------------------ writing a checkpoint's files
-
-
-def partial_dir(run_dir: Path, iteration: int) -> Path:
-    """Where checkpoint `iteration` is written before its commit (a crash leaves only this behind)."""
-    return Path(f"{iteration_dir(run_dir, iteration)}.tmp")
-
-
-def start_partial(run_dir: Path, iteration: int, *, make_run_dir: bool) -> None:
-    """An empty partial directory for checkpoint `iteration` (what an earlier crash left there is removed)."""
-    tmp = partial_dir(run_dir, iteration)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=make_run_dir)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def commit_checkpoint(run_dir: Path, iteration: int, record: dict, keep_last: int) -> None:
-    """Write train_state.json into the partial directory, rename it to iter_N (the commit point: an iter_*
-    directory is complete by construction), update the LATEST hint and keep the newest `keep_last`."""
-    tmp = partial_dir(run_dir, iteration)
-    _write_durably(tmp / STATE, json.dumps(record, indent=1, default=str))
-    os.replace(tmp, iteration_dir(run_dir, iteration))
-    _fsync_dir(run_dir)
-    marker_tmp = run_dir / f"{LATEST}.tmp"
-    _write_durably(marker_tmp, str(iteration))
-    os.replace(marker_tmp, run_dir / LATEST)
-    _fsync_dir(run_dir)
-    _prune(run_dir, keep_last)
-
-
-def failed_save_error(run_dir: Path, iteration: int, code: int) -> OutputError:
-    """Remove what a failed save left and describe it: space needed vs free, the newest complete checkpoint."""
-    tmp = partial_dir(run_dir, iteration)
-    existed = tmp.is_dir()
-    written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if existed else 0
-    shutil.rmtree(tmp, ignore_errors=True)
-    with suppress(OSError):  # a read-only directory keeps what it has
-        (run_dir / f"{LATEST}.tmp").unlink(missing_ok=True)
-    latest = latest_iteration(run_dir)
-    removed = (f"removed the partial {tmp.name}" if not tmp.exists() else f"could not remove {tmp}") if existed else ""
-    if latest is not None and latest != iteration:
-        try:
-            size = sum(f["bytes"] for f in json.loads((iteration_dir(run_dir, latest) / STATE).read_text())["files"]
-                       .values())
-            needed = f"about {human_bytes(size)}, the size of iteration {latest}'s checkpoint"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            needed = None
-        kept = f"{iteration_dir(run_dir, latest).name} is still the newest complete checkpoint"
-    else:
-        needed, kept = None, "no earlier checkpoint exists" if latest is None else ""
-    if needed is None and written:
-        needed = f"more than the {human_bytes(written)} written before the failure"
-    return output_error(code, iteration_dir(run_dir, iteration), what=f"checkpoint {iteration}", needed=needed,
-                        done=", ".join(x for x in (removed, kept) if x), elsewhere=MOVE_RUN,
-                        then=resume_hint(run_dir))
-
-
-def _prune(run_dir: Path, keep_last: int) -> None:
-    for stale in run_dir.glob("iter_*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
-    healthy = last_healthy(run_dir)
-    for iteration, old in checkpoints(run_dir)[keep_last:]:
-        if iteration != (healthy or {}).get("iteration"):  # kept beside the newer ones, never instead of them
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def record_trouble(run_dir: Path, step: int, what: str) -> None:
-    """Rank 0, at the first skipped update or loss spike after a healthy step: the newest checkpoint saved
-    before `step` becomes the last healthy one, which pruning keeps (`runs` shows it)."""
-    if rank() != 0:
-        return
-    before = next((n for n, path in checkpoints(run_dir) if n < step and verify(path, checksums=False) is None), None)
-    if before is None:
-        return
-    with run_output(run_dir, run_dir / HEALTH, "the record of the last healthy checkpoint"):
-        _write_durably(run_dir / HEALTH, json.dumps({"iteration": before, "step": step, "trouble": what}))
-
-
-def last_healthy(run_dir: str | Path) -> dict | None:
-    """{"iteration", "step", "trouble"}: the newest checkpoint saved before the latest trouble, or None."""
-    try:
-        record = json.loads((Path(run_dir) / HEALTH).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("iteration"), int) else None

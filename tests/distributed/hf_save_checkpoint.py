@@ -14,7 +14,8 @@ from megatron_ext.model import ParallelConfig
 from pretrain.table import model_preset
 from megatron_ext.positions import PositionConfig, build_sampler
 from pretrain.trainer import checkpoint, distributed
-from pretrain.trainer.config import CheckpointConfig, DataConfig, ScheduleConfig, TrainConfig, to_dict
+from pretrain.trainer.config import TrainConfig, to_dict
+from pretrain.trainer.config_sections import CheckpointConfig, DataConfig, ScheduleConfig
 from pretrain.trainer.config import OptimizerSettings
 from pretrain.trainer.engine import Engine
 

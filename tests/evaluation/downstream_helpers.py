@@ -63,7 +63,8 @@ def write_broken_task(root: Path, name: str, dataset_path: str, data_files: str 
 def make_finished_run(run_dir: Path, data_path: str, strategy: str, seed: int = 1234) -> Path:
     """A run directory as the trainer leaves it (config.yaml, status.json, checkpoint), trained 2 steps."""
     from hf_save_checkpoint import tiny_config, train_and_save
-    from pretrain.trainer.config import DataConfig, dump
+    from pretrain.trainer.config import dump
+    from pretrain.trainer.config_sections import DataConfig
     from pretrain.trainer.metrics import write_status
 
     config = tiny_config(str(run_dir), groups=2, untied=False, positions={"strategy": strategy})

@@ -1,7 +1,7 @@
 """pretrain/preflight.py: the launchers' plan and pre-flight in one interpreter, each outcome recorded apart.
 
-slurm/common.sh reads RESULTS_DIR/plan.rc, preflight.rc and preflight.out; what each outcome means (a plan that does
-not fit can be overridden, a pre-flight refusal cannot) stays the launcher's, tested by tests/slurm/."""
+slurm/common_checks.sh reads RESULTS_DIR/plan.rc, preflight.rc and preflight.out; what each outcome means (a plan
+that does not fit can be overridden, a pre-flight refusal cannot) stays the launcher's, tested by tests/slurm/."""
 
 from __future__ import annotations
 

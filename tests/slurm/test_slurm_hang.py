@@ -26,7 +26,7 @@ from test_slurm_two_nodes import (NODES_2x1, submit_113m, two_node_log, two_node
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TIMEOUT_S = 20
-MARGIN_S = 30  # the report, then slurm/common.sh HANG_SRUN_GRACE (10 s) and 5 s for the cancelled step
+MARGIN_S = 30  # the report, then slurm/common_run.sh HANG_SRUN_GRACE (10 s) and 5 s for the cancelled step
 ADDRESSES = {"node1": "10.77.0.11", "node2": "10.77.0.12"}
 
 
