@@ -83,6 +83,15 @@ def train_config(preset: Preset, method: str, seed: int, data_prefix: str, run_d
     }, list(overrides)))
 
 
+class TrainingFailed(Exception):
+    """A run's training process exited non-zero (its own error is printed above, by the trainer)."""
+
+    def __init__(self, name: str, exit_code: int, config_file: Path):
+        self.exit_code = exit_code
+        super().__init__(f"training {name} failed with exit code {exit_code} (its error is above; config "
+                         f"{config_file}); the same command resumes it and keeps the finished runs")
+
+
 def train_runs(out: Path, preset: Preset, seeds: list[int], data_prefix: str,
                overrides: Sequence[str] = ()) -> dict[str, Path]:
     """Train every (method, seed) not finished yet; returns run name → run dir.
@@ -110,7 +119,7 @@ def train_runs(out: Path, preset: Preset, seeds: list[int], data_prefix: str,
                           what="run config", **_ELSEWHERE)
         proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", str(config_file)])
         if proc.returncode != 0:
-            raise RuntimeError(f"training {name} failed with exit code {proc.returncode} (config {config_file})")
+            raise TrainingFailed(name, proc.returncode, config_file)
         trained += 1
     return {name: out / "runs" / name for name in runs}
 

@@ -107,7 +107,7 @@ def lm_main(argv: list[str]) -> int:
     args = lm_parser().parse_args(argv)
     from pretrain.faults import OutputError
     from pretrain.experiments.presets import PRESETS
-    from pretrain.experiments.reproduce import reproduce, with_methods
+    from pretrain.experiments.reproduce import TrainingFailed, reproduce, with_methods
 
     try:
         seeds = seeds_of(args)
@@ -116,6 +116,10 @@ def lm_main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except TrainingFailed as error:
+        # Not bad input: the trainer's exit code (e.g. the hang code) is what a wrapper script acts on.
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
     return 0
 
 
