@@ -174,13 +174,18 @@ def _paired(base: dict, record: dict) -> dict[str, float]:
     from .metrics import paired_reduction, per_span_cliffs
 
     out = {}
-    for length, entry in record.get("lengths", {}).items():
-        other = base.get("lengths", {}).get(length, {})
-        if entry.get("per_span") and other.get("per_span") and \
-                len(entry["per_span"]["ood"]) == len(other["per_span"]["ood"]) and base.get("data") == record.get("data"):
+    for length in record.get("lengths", {}):
+        mine, theirs = _spans(record, length), _spans(base, length)
+        if mine and theirs and len(mine["ood"]) == len(theirs["ood"]) and base.get("data") == record.get("data"):
             out[f"reduction@{length}"], out[f"reduction_se@{length}"] = paired_reduction(
-                per_span_cliffs(other["per_span"]), per_span_cliffs(entry["per_span"]))
+                per_span_cliffs(theirs), per_span_cliffs(mine))
     return out
+
+
+def _spans(record: dict, length: str) -> dict | None:
+    """A record's per-span pieces at `length`: `eval run` keeps them per length, `reproduce` (one length) on top."""
+    entry = record.get("lengths", {}).get(length, {})
+    return entry.get("per_span") or (record.get("per_span") if len(record.get("lengths", {})) == 1 else None)
 
 
 def _fmt(mean: float, std: float, digits: int = 3) -> str:

@@ -107,3 +107,25 @@ def test_size_table_is_the_papers_table_2_across_sizes():
     assert lines[3] == ("| 10m | posaug | 2 | 2.5 % ± 2.5 % seed SE | 0.200 ± 0.141 | 0.350 ± 0.071 | "
                         "0.200 ± 0.000 seed SE |")
     assert lines[5] == "| 113m | posaug | 1 | 10.0 % | 0.200 | 0.900 | 0.400 |"
+
+
+def _reproduce_record(label, seed, in_dist, ood):
+    """A record as `reproduce` writes it: one length, per-span pieces on top."""
+    return {"run": f"{label}_s{seed}", "label": label, "seed": seed, "train_window": 32,
+            "lengths": {"256": {"loss": 0.0, "curve": [0.0] * 255,
+                                "cliff": {"in_dist": sum(in_dist) / 2, "ood": sum(ood) / 2,
+                                          "cliff": (sum(ood) - sum(in_dist)) / 2}}},
+            "per_span": {"in_dist": in_dist, "ood": ood}}
+
+
+def test_eval_report_on_reproduces_records_says_what_reproduces_report_says():
+    from pretrain.experiments.presets import PRESETS
+    from pretrain.experiments.reproduce import summarise
+
+    records = [_reproduce_record("baseline", 42, [4.0, 4.2], [4.5, 4.9]),
+               _reproduce_record("posaug", 42, [4.1, 4.3], [4.1, 4.4])]
+    theirs = summarise(records, PRESETS["cpu-mini"])["posaug"]
+    ours = next(r for r in aggregate(records, baseline="baseline") if r["label"] == "posaug")["metrics"]
+    assert ours["reduction@256"][0] == pytest.approx(theirs["paired_reduction"][0])
+    assert ours["reduction_se@256"][0] == pytest.approx(theirs["paired_se"][0])
+    assert ours["penalty@256"][0] == pytest.approx(theirs["penalty"][0])
