@@ -82,7 +82,8 @@ def own_corpus_reproduction(tmp_path_factory):
     root = tmp_path_factory.mktemp("own_corpus")
     out = root / "my_out"
     command = _readme_command(_write_corpus(root / "my.jsonl", PRESETS[SUITE_PRESET].corpus_bytes), out)
-    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    # 2 x 600 steps of the tiny model; on 2 cores at load 30 the first command took over 15 min
+    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=2400)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
