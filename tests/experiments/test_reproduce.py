@@ -95,11 +95,16 @@ TRAINED = ("baseline", "posaug")  # the README command's --methods posaug (the b
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_the_readmes_own_corpus_command_shows_a_paired_cliff_reduction_beyond_2_se(own_corpus_reproduction):
+def test_the_readmes_own_corpus_command_shows_a_cliff_reduction_beyond_2_se_that_removes_the_cliff(own_corpus_reproduction):
     out, _, _ = own_corpus_reproduction
     posaug = json.loads((out / "results.json").read_text())["summary"]["posaug"]
     reduction, se = posaug["paired_reduction"][0], posaug["paired_se"][0]
     assert reduction > 2 * se, f"paired cliff reduction {reduction:.3f} ± {se:.3f} SE is not beyond 2 SE"
+    # The span-paired SE leaves out how far two trainings of this tiny model drift apart: a no-op PosAug (alpha
+    # fixed at 1) still "reduced" the cliff 0.901 -> 0.445, 16 SE. What only PosAug does is remove it: its own
+    # cliff is within 2 SE of 0 (-0.026 ± 0.079 measured; benchmarks/results/own_corpus_suite_preset.md).
+    cliff, cliff_se = posaug["cliff"][0], posaug["cliff_se"][0]
+    assert abs(cliff) <= 2 * cliff_se, f"PosAug's cliff {cliff:.3f} ± {cliff_se:.3f} SE is not gone"
 
 
 @pytest.mark.e2e
