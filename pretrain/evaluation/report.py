@@ -121,7 +121,7 @@ def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
 
     groups: dict[tuple[str, str], list[tuple[dict, dict | None]]] = defaultdict(list)
     label_of = {id(r): r.get("label") or default_label(r["run"]) for r in records}
-    method_of = {label: record_method(r) for r in records for label in [label_of[id(r)]]}
+    method_of = {label_of[id(r)]: record_method(r) for r in records}
     is_baseline = {label: baseline is not None and baseline in (label, method) for label, method in method_of.items()}
     if baseline is not None and not any(is_baseline.values()):
         raise ValueError(f"baseline {baseline!r} is not among the runs' labels {sorted(method_of)} "

@@ -129,3 +129,12 @@ def test_eval_report_on_reproduces_records_says_what_reproduces_report_says():
     assert ours["reduction@256"][0] == pytest.approx(theirs["paired_reduction"][0])
     assert ours["reduction_se@256"][0] == pytest.approx(theirs["paired_se"][0])
     assert ours["penalty@256"][0] == pytest.approx(theirs["penalty"][0])
+
+
+def test_eval_report_refuses_two_same_seed_baselines_in_one_line(tmp_path, capsys):
+    twin = dict(_record("10m", "baseline", 1, 4.0, 1.0, 0.1, 10e6), run="10m_baseline_again_s1")
+    for record in RECORDS + [twin]:
+        (tmp_path / f"{record['run']}.json").write_text(json.dumps(record))
+    assert eval_cli(["report", str(tmp_path), "--output", str(tmp_path / "out")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: two baseline records for size 10m, seed 1:")
