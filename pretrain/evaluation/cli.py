@@ -140,7 +140,8 @@ def _report(args) -> int:
     rows = report.aggregate(records, baseline=baseline)
     out = Path(args.out)
     report.write_csv(rows, out / "summary.csv")
-    table = report.size_table(rows, args.length)
+    notes = "".join(f"note: {line}\n" for line in report.pairing_notes(rows, baseline))
+    table = report.size_table(rows, args.length) + notes
     (out / "summary.md").write_text(report.markdown_table(rows) + "\n" + table)
     report.plot_loss_curves(records, out / "loss_curves.png", length=args.length)
     if any(r.get("context_gain") for r in records):
@@ -154,7 +155,7 @@ def _report(args) -> int:
         (out / "summary.md").write_text((out / "summary.md").read_text() + "\n" + scores)
         print(scores, end="")
     print(f"wrote {out}/summary.csv, summary.md (all metrics) and plots"
-          + (f"; each size compared with its own {baseline!r}" if baseline else ""))
+          + (f"; each run compared with the {baseline!r} run of its size and seed" if baseline else ""))
     return 0
 
 

@@ -107,58 +107,66 @@ def record_method(record: dict) -> str:
     return record.get("method") or record.get("label") or default_label(record["run"])
 
 
-def _group_mean(runs: list[dict], prefix: str) -> dict[str, float]:
-    """{suffix: mean over runs} of the metrics named prefix + suffix."""
-    per_run = [record_metrics(r) for r in runs]
-    keys = {k for m in per_run for k in m if k.startswith(prefix)}
-    return {k[len(prefix):]: mean_std([m.get(k) for m in per_run])[0] for k in keys}
-
-
 def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:
     """One row per (model size, label): n, parameters, and {metric: (mean, sample std over seeds)}.
 
-    With a baseline (a method or label), every row is compared with the baseline *of its own
-    size*: penalty@L = relative increase of in-distribution loss over that baseline's mean at
-    the same L (the paper's in-distribution penalty), ΔG(C) = G(C) minus that baseline's mean G(C).
+    With a baseline (a method or label), every run is compared with the baseline *of its own size and seed*
+    (pretrain.evaluation.pairing, the rule `reproduce` uses): penalty@L = relative increase of in-distribution
+    loss over that baseline run at the same L (the paper's in-distribution penalty), ΔG(C) = G(C) minus that
+    run's G(C), reduction@L = its cliff minus this run's, span by span. row["paired"] holds each such metric's
+    mean, span SE and seed SE over the seeds that have a baseline (pairing.over_seeds); row["unpaired"] names the
+    runs whose seed has none: they get no penalty, ΔG or reduction (never the mean of other seeds' baselines).
     """
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in records:
-        groups[(record_size(r), r.get("label") or default_label(r["run"]))].append(r)
-    is_baseline = {key: baseline is not None and baseline in (key[1], record_method(runs[0]))
-                   for key, runs in groups.items()}
+    from .pairing import over_seeds, pair_by_seed
+
+    groups: dict[tuple[str, str], list[tuple[dict, dict | None]]] = defaultdict(list)
+    label_of = {id(r): r.get("label") or default_label(r["run"]) for r in records}
+    method_of = {label_of[id(r)]: record_method(r) for r in records}
+    is_baseline = {label: baseline is not None and baseline in (label, method) for label, method in method_of.items()}
     if baseline is not None and not any(is_baseline.values()):
-        raise ValueError(f"baseline {baseline!r} is not among the runs' labels {sorted({k[1] for k in groups})} "
-                         f"or methods {sorted({record_method(r) for r in records})}")
-    base_in: dict[str, dict[str, float]] = {}
-    base_gain: dict[str, dict[str, float]] = {}
-    for key, runs in groups.items():
-        if is_baseline[key]:
-            base_in[key[0]] = _group_mean(runs, "in_dist@")
-            base_gain[key[0]] = _group_mean(runs, "G(")
-    base_runs = {(record_size(r), r.get("seed")): r for key, runs in groups.items() if is_baseline[key] for r in runs}
+        raise ValueError(f"baseline {baseline!r} is not among the runs' labels {sorted(method_of)} "
+                         f"or methods {sorted(set(method_of.values()))}")
+    for r, base in pair_by_seed(records, lambda r: is_baseline[label_of[id(r)]], group=record_size):
+        groups[(record_size(r), label_of[id(r)])].append((r, base if baseline is not None else None))
     rows = []
-    for (size, label), runs in groups.items():
-        per_run = [record_metrics(r) for r in runs]
-        for r, m in zip(runs, per_run):
-            base = base_runs.get((size, r.get("seed")))
-            if base is not None and base is not r:  # the baseline of the same size and seed, span by span
-                m.update(_paired(base, r))
-        for m in per_run:
-            for length, base in base_in.get(size, {}).items():
-                if f"in_dist@{length}" in m:
-                    m[f"penalty@{length}"] = (m[f"in_dist@{length}"] - base) / base
-            for context, base in base_gain.get(size, {}).items():
-                if f"G({context}" in m:
-                    m[f"ΔG({context}"] = m[f"G({context}"] - base
+    for (size, label), pairs in groups.items():
+        per_run = [record_metrics(r) for r, _ in pairs]
+        for (r, base), m in zip(pairs, per_run):
+            if base is not None:
+                m.update(_versus_baseline(base, r, m))
         keys = list(dict.fromkeys(k for m in per_run for k in m))
-        rows.append({"label": label, "size": size, "method": record_method(runs[0]), "n": len(runs),
-                     "seeds": [r.get("seed") for r in runs], "is_baseline": is_baseline[(size, label)],
-                     "parameters": runs[0].get("parameters"), "strategy": runs[0].get("strategy"),
-                     "train_window": runs[0].get("train_window"),
+        paired = {k: over_seeds([m[k] for m in per_run if k in m],
+                                [m[f"reduction_se@{k[10:]}"] for m in per_run if k in m]
+                                if k.startswith("reduction@") else None)
+                  for k in keys if k.startswith(("penalty@", "ΔG(", "reduction@"))}
+        r0 = pairs[0][0]
+        rows.append({"label": label, "size": size, "method": record_method(r0), "n": len(pairs),
+                     "seeds": [r.get("seed") for r, _ in pairs], "is_baseline": is_baseline[label],
+                     "parameters": r0.get("parameters"), "strategy": r0.get("strategy"),
+                     "train_window": r0.get("train_window"), "paired": paired,
+                     "unpaired": [r["run"] for r, base in pairs if base is None and baseline is not None],
                      "metrics": {k: mean_std([m.get(k) for m in per_run]) for k in keys}})
     # sizes small to large; within a size the baseline first
     rows.sort(key=lambda row: (row["parameters"] or 0, row["size"], not row["is_baseline"], row["label"]))
     return rows
+
+
+def pairing_notes(rows: list[dict], baseline: str | None) -> list[str]:
+    """One line per run that has no baseline of its own size and seed (so no penalty, ΔG or reduction)."""
+    return [f"{run} (size {row['size']}): no {baseline!r} run of the same size and seed, so no penalty, ΔG or "
+            f"paired cliff reduction for it (evaluate that seed's baseline, or pass --baseline)"
+            for row in rows for run in row.get("unpaired", [])]
+
+
+def _versus_baseline(base: dict, record: dict, metrics: dict[str, float]) -> dict[str, float]:
+    """penalty@L and ΔG(C) against the baseline run of the same size and seed, and (another run) reduction@L."""
+    from .metrics import in_distribution_penalty
+
+    theirs = record_metrics(base)
+    out = {f"penalty@{k[8:]}": in_distribution_penalty(v, theirs[k]) for k, v in metrics.items()
+           if k.startswith("in_dist@") and k in theirs}
+    out.update({f"Δ{k}": v - theirs[k] for k, v in metrics.items() if k.startswith("G(") and k in theirs})
+    return out if base is record else {**out, **_paired(base, record)}
 
 
 def _paired(base: dict, record: dict) -> dict[str, float]:
@@ -166,13 +174,18 @@ def _paired(base: dict, record: dict) -> dict[str, float]:
     from .metrics import paired_reduction, per_span_cliffs
 
     out = {}
-    for length, entry in record.get("lengths", {}).items():
-        other = base.get("lengths", {}).get(length, {})
-        if entry.get("per_span") and other.get("per_span") and \
-                len(entry["per_span"]["ood"]) == len(other["per_span"]["ood"]) and base.get("data") == record.get("data"):
+    for length in record.get("lengths", {}):
+        mine, theirs = _spans(record, length), _spans(base, length)
+        if mine and theirs and len(mine["ood"]) == len(theirs["ood"]) and base.get("data") == record.get("data"):
             out[f"reduction@{length}"], out[f"reduction_se@{length}"] = paired_reduction(
-                per_span_cliffs(other["per_span"]), per_span_cliffs(entry["per_span"]))
+                per_span_cliffs(theirs), per_span_cliffs(mine))
     return out
+
+
+def _spans(record: dict, length: str) -> dict | None:
+    """A record's per-span pieces at `length`: `eval run` keeps them per length, `reproduce` (one length) on top."""
+    entry = record.get("lengths", {}).get(length, {})
+    return entry.get("per_span") or (record.get("per_span") if len(record.get("lengths", {})) == 1 else None)
 
 
 def _fmt(mean: float, std: float, digits: int = 3) -> str:
@@ -214,35 +227,45 @@ def markdown_table(rows: list[dict], metrics: list[str] | None = None) -> str:
 
 
 def size_table(rows: list[dict], length: int | None = None) -> str:
-    """The paper's Table 2 across sizes: per size and method, penalty, cliff, G(C) and ΔG(C) vs that
-    size's baseline (mean ± std over seeds), at one evaluation length (default: the largest with a cliff)."""
+    """The paper's Table 2 across sizes: per size and method, cliff and G(C) (mean ± std over seeds), and penalty,
+    ΔG(C) and the paired cliff reduction against the baseline of the same size and seed (mean ± paired SE over
+    seeds where ≥ 2 seeds pair), at one evaluation length (default: the largest with a cliff)."""
     keys = _metric_keys(rows)
     lengths = sorted({int(k.split("@")[1]) for k in keys if k.startswith("cliff@")})
     if length is None and lengths:
         length = lengths[-1]
     contexts = sorted({int(k[2:-1]) for k in keys if k.startswith("G(")})
-    columns = [(f"penalty@{length}", "in-dist penalty", True), (f"cliff@{length}", f"cliff (L={length})", False),
-               (f"reduction@{length}", "paired cliff reduction vs baseline (same size, seed, spans)", False)]
-    columns += [(f"G({c})", f"G({c})", False) for c in contexts] + [(f"ΔG({c})", f"ΔG({c})", False) for c in contexts]
+    columns = [(f"penalty@{length}", "in-dist penalty vs same-seed baseline"),
+               (f"cliff@{length}", f"cliff (L={length})"),
+               (f"reduction@{length}", "paired cliff reduction vs baseline (same size, seed, spans)")]
+    columns += [(f"G({c})", f"G({c})") for c in contexts] + [(f"ΔG({c})", f"ΔG({c})") for c in contexts]
     columns = [c for c in columns if any(c[0] in row["metrics"] for row in rows)]
-    lines = ["| size | method | n | " + " | ".join(title for _, title, _ in columns) + " |",
+    lines = ["| size | method | n | " + " | ".join(title for _, title in columns) + " |",
              "|---|---|---|" + "---|" * len(columns)]
     for row in rows:
         cells = []
-        for key, _, percent in columns:
-            mean, std = row["metrics"].get(key, (math.nan, math.nan))
+        for key, _ in columns:
+            paired = row.get("paired", {}).get(key)
             if row.get("is_baseline") and key.startswith(("penalty", "ΔG", "reduction")):
                 cells.append("(baseline)" if key.startswith("penalty") else "—")
-            elif key.startswith("reduction") and math.isfinite(mean):  # ± its span SE (mean over seeds)
-                se = row["metrics"].get(f"reduction_se@{length}", (math.nan,))[0]
-                cells.append(f"{mean:.3f} ± {se:.3f} SE")
-            elif percent and math.isfinite(mean):
-                cells.append(_fmt(100 * mean, 100 * std, 1) + " %")
+            elif paired is not None and paired["seeds"]:
+                cells.append(_paired_cell(key, paired, row["n"]))
             else:
-                cells.append(_fmt(mean, std))
+                cells.append(_fmt(*row["metrics"].get(key, (math.nan, math.nan))))
         lines.append(f"| {row.get('size', '?')} | {row.get('method', row['label'])} | {row['n']} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _paired_cell(key: str, paired: dict, n: int) -> str:
+    """mean (± span SE for the reduction) (± seed SE with ≥ 2 seeds) (how many seeds paired, if not all)."""
+    scale, digits, suffix = (100, 1, " %") if key.startswith("penalty") else (1, 3, "")
+    text = f"{paired['mean'] * scale:.{digits}f}{suffix}"
+    if math.isfinite(paired["span_se"]):
+        text += f" ± {paired['span_se']:.3f} span SE"
+    if math.isfinite(paired["seed_se"]):
+        text += f" ± {paired['seed_se'] * scale:.{digits}f}{suffix} seed SE"
+    return text + (f" ({paired['seeds']} of {n} seeds paired)" if paired["seeds"] < n else "")
 
 
 def _by_label(records: list[dict]) -> dict[str, list[dict]]:

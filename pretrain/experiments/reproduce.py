@@ -186,11 +186,12 @@ def summarise(records: list[dict], preset: Preset) -> dict:
     from pretrain.evaluation.metrics import in_distribution_penalty, paired_reduction, per_span_cliffs, standard_error
     from pretrain.evaluation.report import mean_std
 
+    from pretrain.evaluation.pairing import pair_by_seed
+
     length = str(preset.eval_length)
-    by_label: dict[str, list[dict]] = {}
-    for record in records:
-        by_label.setdefault(record["label"], []).append(record)
-    baseline = {r["seed"]: r for r in by_label.get("baseline", [])}
+    by_label: dict[str, list[tuple[dict, dict | None]]] = {}
+    for record, base in pair_by_seed(records, lambda r: r["label"] == "baseline"):
+        by_label.setdefault(record["label"], []).append((record, base))
 
     def span_cliffs(record: dict) -> torch.Tensor:
         return per_span_cliffs(record["per_span"])
@@ -198,18 +199,17 @@ def summarise(records: list[dict], preset: Preset) -> dict:
     summary = {}
     for label, group in by_label.items():
         rows = []
-        for r in group:
+        for r, base in group:
             cliff = r["lengths"][length]["cliff"]
             row = {"in_dist": cliff["in_dist"], "ood": cliff["ood"], "cliff": cliff["cliff"],
                    "cliff_se": standard_error(span_cliffs(r)), "gain": (r.get("context_gain") or {}).get("values", {})}
-            base = baseline.get(r["seed"])
             if base is not None:
                 reduction, se = paired_reduction(span_cliffs(base), span_cliffs(r))
                 row["paired_reduction"] = reduction
                 row["paired_se"] = se if label != "baseline" else 0.0
                 row["penalty"] = in_distribution_penalty(cliff["in_dist"], base["lengths"][length]["cliff"]["in_dist"])
             rows.append(row)
-        entry = {"n": len(rows), "seeds": [r["seed"] for r in group]}
+        entry = {"n": len(rows), "seeds": [r["seed"] for r, _ in group]}
         for key in ("in_dist", "ood", "cliff", "cliff_se", "paired_reduction", "paired_se", "penalty"):
             values = [row[key] for row in rows if key in row]
             if values:

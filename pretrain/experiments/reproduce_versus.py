@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from pretrain.evaluation.pairing import over_seeds, pair_by_seed
 from pretrain.tasks.verdict import significance
 
 METRICS = {"cliff": "cliff", "in_dist": "in-dist loss"}
@@ -25,19 +26,20 @@ def _values(record: dict, metric: str) -> list[float]:
 
 def versus(records: list[dict], reference: str, other: str, metric: str) -> dict | None:
     """reference − other in `metric` paired over spans per seed: {delta, se, seed_se, verdict, seeds} or None."""
-    by = {(r["label"], r["seed"]): r for r in records}
     deltas, ses = [], []
-    for seed in sorted({s for label, s in by if label == reference}):
-        if (other, seed) not in by:
+    pairs = pair_by_seed([r for r in records if r["label"] in (reference, other)], lambda r: r["label"] == other)
+    for record, base in sorted(pairs, key=lambda pair: pair[0]["seed"]):
+        if record["label"] != reference or base is None:
             continue
-        a, b = _values(by[(reference, seed)], metric), _values(by[(other, seed)], metric)
+        a, b = _values(record, metric), _values(base, metric)
         differences = [x - y for x, y in zip(a, b)]
         deltas.append(sum(differences) / len(differences))
         ses.append(statistics.stdev(differences) / math.sqrt(len(differences)))
     if not deltas:
         return None
-    delta, se = sum(deltas) / len(deltas), math.sqrt(sum(s * s for s in ses)) / len(ses)
-    seed_se = statistics.stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else 0.0
+    combined = over_seeds(deltas, ses)
+    delta, se = combined["mean"], combined["span_se"]
+    seed_se = 0.0 if math.isnan(combined["seed_se"]) else combined["seed_se"]  # one seed: no seed spread to beat
     return {"delta": delta, "se": se, "seed_se": seed_se, "verdict": significance(delta, se, seed_se),
             "seeds": len(deltas)}
 

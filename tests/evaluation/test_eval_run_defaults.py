@@ -96,6 +96,7 @@ def test_eval_report_pairs_each_run_with_the_baseline_of_its_size_and_seed():
     posaug = next(row for row in rows if row["method"] == "posaug")
     # seed 42: baseline cliffs (0.5, 0.7) - posaug's (0.0, 0.1) = 0.55; seed 137: (1.0, 1.0) - (0.0, 0.2) = 0.9
     assert posaug["metrics"]["reduction@512"][0] == pytest.approx((0.55 + 0.9) / 2)
-    assert posaug["metrics"]["penalty@512"][0] == pytest.approx((4.1 - 4.05) / 4.05)  # vs its size's baseline mean
+    assert posaug["metrics"]["penalty@512"][0] == pytest.approx((4.2 - 4.1) / 4.1 / 2)  # seed 137's is 0
     table = report.size_table(rows)
-    assert "paired cliff reduction vs baseline" in table and "0.725 ±" in table
+    # span SE sqrt(0.05² + 0.1²) / 2 from the seeds' span SEs; seed SE sd(0.55, 0.9) / sqrt(2)
+    assert "paired cliff reduction vs baseline" in table and "0.725 ± 0.056 span SE ± 0.175 seed SE" in table

@@ -197,7 +197,8 @@ def test_aggregate_gives_mean_and_sample_std_over_seeds_and_the_penalty():
     base, posaug = rows["base"]["metrics"], rows["posaug"]["metrics"]
     assert base["cliff@81"][0] == pytest.approx(2.1) and base["cliff@81"][1] == pytest.approx(math.sqrt(0.02))
     assert posaug["G(64)"] == pytest.approx((0.3, math.sqrt(0.02)))
-    assert posaug["penalty@81"][0] == pytest.approx(0.2 / 3.1)  # vs the baseline mean 3.1 and base["penalty@81"][0] == pytest.approx(0.0)
+    assert posaug["penalty@81"][0] == pytest.approx((0.3 / 3.0 + 0.1 / 3.2) / 2)  # vs the same seed's baseline
+    assert base["penalty@81"][0] == pytest.approx(0.0)
     assert "2.100 ± 0.141" in markdown_table(list(rows.values()), ["cliff@81"])
 
 
