@@ -158,7 +158,7 @@ def test_shrunk_configs_collapse_to_one_run_per_shipped_method():
 def test_the_resumed_runs_cover_every_position_strategy_and_the_parameter_adding_options():
     from pretrain.trainer.config import load
 
-    resumed = {run_id: paths for run_id, paths in RUNS if run_id in resumed_runs()}
+    resumed = {run_id: paths for run_id, paths in RUNS if run_id in RESUMED}
     strategies = {load(paths[0]).positions.strategy for _, paths in RUNS}
     assert {load(paths[0]).positions.strategy for paths in resumed.values()} == strategies
     assert PARAMETER_METHODS <= {method_of(paths) for paths in resumed.values()}
@@ -170,18 +170,29 @@ def ranks(paths: list[Path]) -> int:
     return 2 if method_of(paths) in TWO_RANK_METHODS else 1
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=[run_id for run_id, _ in RUNS])
-def shipped_run(request, tmp_path_factory):
-    """The first yaml of a distinct shrunk config, three steps, saves after 2 and 3:
-    (run id, the yamls covered, run dir, the CompletedProcess)."""
-    run_id, paths = request.param
-    run_dir = tmp_path_factory.mktemp(paths[0].stem) / "run"
-    proc = run_train([*shrunk_overrides(paths[0], run_dir), "--config", str(paths[0])], nproc=ranks(paths))
-    return run_id, paths, run_dir, proc
+RUN_IDS = [run_id for run_id, _ in RUNS]
+RESUMED = [run_id for run_id in RUN_IDS if run_id in resumed_runs()]
 
 
-def test_shipped_config_trains_two_steps_and_saves_without_warnings(shipped_run):
-    _, _, run_dir, proc = shipped_run
+@pytest.fixture(scope="module")
+def shipped_run(tmp_path_factory):
+    """`shipped_run(run_id)`: the first yaml of that distinct shrunk config, three steps, saves after 2 and 3, trained
+    once for the module: (the yamls covered, run dir, the CompletedProcess)."""
+    trained: dict[str, tuple] = {}
+
+    def train(run_id: str) -> tuple:
+        if run_id not in trained:
+            paths = dict(RUNS)[run_id]
+            run_dir = tmp_path_factory.mktemp(paths[0].stem) / "run"
+            proc = run_train([*shrunk_overrides(paths[0], run_dir), "--config", str(paths[0])], nproc=ranks(paths))
+            trained[run_id] = paths, run_dir, proc
+        return trained[run_id]
+    return train
+
+
+@pytest.mark.parametrize("run_id", RUN_IDS)
+def test_shipped_config_trains_two_steps_and_saves_without_warnings(shipped_run, run_id):
+    _, run_dir, proc = shipped_run(run_id)
     assert (run_dir / "iter_0000002" / "train_state.json").is_file()
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == str(STEPS)
     losses = tensorboard_scalars(run_dir, "train/loss")
@@ -189,10 +200,9 @@ def test_shipped_config_trains_two_steps_and_saves_without_warnings(shipped_run)
     assert "Warning" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
-def test_shipped_config_resumed_at_step_2_repeats_step_3_bit_for_bit(shipped_run, tmp_path):
-    run_id, paths, run_dir, _ = shipped_run
-    if run_id not in resumed_runs():
-        pytest.skip("same position strategy and checkpointed state as a resumed run (module docstring)")
+@pytest.mark.parametrize("run_id", RESUMED)
+def test_shipped_config_resumed_at_step_2_repeats_step_3_bit_for_bit(shipped_run, run_id, tmp_path):
+    paths, run_dir, _ = shipped_run(run_id)
     shutil.copytree(run_dir / "iter_0000002", tmp_path / "iter_0000002")
     resumed = run_train([*shrunk_overrides(paths[0], tmp_path), "--config", str(paths[0])], nproc=ranks(paths))
     assert "resumed from iteration 2" in resumed.stdout, resumed.stdout[-2000:]
@@ -200,13 +210,14 @@ def test_shipped_config_resumed_at_step_2_repeats_step_3_bit_for_bit(shipped_run
         assert tensorboard_scalars(tmp_path, tag)[STEPS] == tensorboard_scalars(run_dir, tag)[STEPS], tag
 
 
-def test_shipped_config_exports_to_hf_or_refuses_in_one_line(shipped_run, tmp_path, capsys):
+@pytest.mark.parametrize("run_id", RUN_IDS)
+def test_shipped_config_exports_to_hf_or_refuses_in_one_line(shipped_run, run_id, tmp_path, capsys):
     import torch
     from transformers import AutoModelForCausalLM
 
     from pretrain.hf.export import export_cli
 
-    _, paths, run_dir, _ = shipped_run
+    paths, run_dir, _ = shipped_run(run_id)
     output = tmp_path / "hf"
     code = export_cli([str(run_dir), "--output", str(output), "--no-tokenizer"])
     errors = capsys.readouterr().err.strip().splitlines()
