@@ -20,7 +20,8 @@ _EXPORTS = {
                      "retrieval_accuracy", "ruler_niah", "ruler_niah_examples", "score_answer"), "passkey"),
     **dict.fromkeys(("aggregate", "default_label", "load_records", "markdown_table", "plot_cliff_vs_size",
                      "plot_context_gain", "plot_loss_curves", "record_metrics", "write_csv", "write_record"), "report"),
-    **dict.fromkeys(("BACKENDS", "HFScorer", "MegatronScorer", "RunInfo", "Scorer", "load_scorer"), "scorers"),
+    **dict.fromkeys(("HFScorer", "MegatronScorer", "RunInfo", "Scorer"), "scorers"),
+    **dict.fromkeys(("BACKENDS", "load_scorer"), "scorer_loading"),
 }
 __all__ = sorted(_EXPORTS)
 

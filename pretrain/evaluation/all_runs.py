@@ -44,7 +44,7 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
     from pretrain.evaluation.downstream_report import carry_over, evaluate_grid
     from pretrain.evaluation.data import load_stream
     from pretrain.evaluation.record import evaluate
-    from pretrain.evaluation.scorers import load_scorer, resolve_backend
+    from pretrain.evaluation.scorer_loading import load_scorer, resolve_backend
     from pretrain.runs import discover
 
     root = Path(root)

@@ -15,7 +15,8 @@ from . import downstream, memory, report
 from .arguments import default_device, eval_parser
 from .data import TokenStream, load_stream
 from .record import evaluate
-from .scorers import Scorer, load_scorer, resolve_backend
+from .scorer_loading import load_scorer, resolve_backend
+from .scorers import Scorer
 
 log = logging.getLogger(__name__)
 

@@ -89,7 +89,7 @@ def check_tasks(manager, tasks: list[str]) -> None:
 
 
 def _is_checkpoint(path: Path) -> bool:
-    from pretrain.evaluation.scorers import is_megatron_checkpoint
+    from pretrain.evaluation.scorer_loading import is_megatron_checkpoint
 
     return is_megatron_checkpoint(path)
 

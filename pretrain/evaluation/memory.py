@@ -2,7 +2,7 @@
 
 The estimate follows what `eval run --lengths` holds at its peak (fp32 throughout, no autograd):
 - the weights: a Megatron checkpoint is loaded and then converted to an HF Llama for the default backend, and
-  both copies are alive while it scores (pretrain/evaluation/scorers.load_scorer);
+  both copies are alive while it scores (pretrain/evaluation/scorer_loading.load_scorer);
 - one decoder layer's activations over every position of the batch (the layers run one after another and
   keep nothing), the larger of the attention phase and the SwiGLU MLP phase, plus the residual stream;
 - the LM head's logits over HEAD_CHUNK positions (scorers.HEAD_CHUNK) with cross-entropy's log-softmax copy;
@@ -11,7 +11,7 @@ The estimate follows what `eval run --lengths` holds at its peak (fp32 throughou
 The other modes that grow with length are estimated from the same terms (`requests`): context gain as a
 --lengths pass at its largest C, passkey / needle as one sequence of the prompt and answer per pass, the attention
 entropy with its L x L probabilities. Under backend "auto" the estimate is the one of the scorer auto picks
-(scorers.resolve_backend: the Megatron model for SSMax or NoPE-interleaved runs, whose L x L term dominates).
+(scorer_loading.resolve_backend: the Megatron model for SSMax or NoPE-interleaved runs, whose L x L term dominates).
 benchmarks/README.md ("Eval peak memory: estimate vs measured") records measured / estimated on CPU.
 """
 
@@ -185,7 +185,7 @@ def check_fits(source: str | Path, wanted: list[Request], num_spans: int, batch_
                max_batch_tokens: int, backend: str, device: str, entropy_spans: int = 1) -> None:
     """ValueError (one line) naming the flag and the largest length that fits, when an estimate exceeds memory.
 
-    `backend` is the scorer that will run ("auto" already resolved: scorers.resolve_backend)."""
+    `backend` is the scorer that will run ("auto" already resolved: scorer_loading.resolve_backend)."""
     shape = model_shape(source)
     if shape is None:
         return

@@ -97,7 +97,7 @@ def evaluate_run(run_dir: Path, name: str, seed: int, preset: Preset, spans) -> 
     seeing exactly its g predecessors minus the full-context loss (g = the preset's gain window).
     """
     from pretrain.evaluation.metrics import exact_window_losses, per_position_loss
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     started = time.time()
     w, g, start = preset.window, preset.gain_window, preset.in_dist_start

@@ -131,7 +131,7 @@ def evaluate_run(run_dir: Path, label: str, seed: int, preset: Preset, spans: to
     backend None: load_scorer's "auto" (transformers where the checkpoint exports, else the Megatron model).
     """
     from pretrain.evaluation.metrics import context_gain, per_position_loss, span_cliffs
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     # What HF cannot express (NoPE, ALiBi, NoPE-interleave, SSMax) is scored by the Megatron model itself
     # (load_scorer's "auto"; same losses, tested).

@@ -93,7 +93,7 @@ def _our_logprob(scorer, ids: list[int], first: int) -> float:
 def test_harness_loglikelihood_equals_our_scorers_sum_of_token_logprobs(run, export, tasks, tmp_path):
     from transformers import AutoTokenizer
 
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     results, _ = evaluate_downstream(run, [MC_TASK], limit=1, include_path=str(tasks), log_samples=True,
                                      out=tmp_path)
@@ -111,7 +111,7 @@ def test_harness_loglikelihood_equals_our_scorers_sum_of_token_logprobs(run, exp
 def test_rolling_perplexity_equals_our_scorers_word_perplexity(run, export, tasks, tmp_path):
     from transformers import AutoTokenizer
 
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     results, _ = evaluate_downstream(run, [PPL_TASK], include_path=str(tasks), out=tmp_path)
     scorer = load_scorer(run, backend="megatron")

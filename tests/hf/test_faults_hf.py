@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from hf_helpers import auto_model, megatron_logits, megatron_model, sample_tokens, save_hf_llama  # noqa: E402
 from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
 from megatron_ext.positions import RopeScaling  # noqa: E402
-from pretrain.evaluation.scorers import MegatronScorer, RunInfo, load_scorer  # noqa: E402
+from pretrain.evaluation.scorers import MegatronScorer, RunInfo  # noqa: E402
+from pretrain.evaluation.scorer_loading import load_scorer  # noqa: E402
 from pretrain.hf import scaled_positions_forward  # noqa: E402
 from pretrain.hf.export import export_checkpoint, export_cli  # noqa: E402
 from pretrain.hf.importer import import_hf  # noqa: E402

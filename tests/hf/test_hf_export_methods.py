@@ -115,7 +115,7 @@ def test_export_hf_of_a_trained_checkpoint_loads_with_auto_model_and_equal_logit
 def test_eval_scores_the_llama4_export_as_the_megatron_checkpoint_it_came_from(trained, tmp_path):
     """transformers 5.x's Llama4ForCausalLM.get_decoder() is the model itself: the scorer takes its body."""
     from pretrain.evaluation.metrics import per_position_loss
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     export_checkpoint(trained["nope_interleave_temperature"], tmp_path / "hf", no_tokenizer=True)
     spans = torch.randint(0, 256, (2, 2 * S), generator=torch.Generator().manual_seed(5))
@@ -126,14 +126,14 @@ def test_eval_scores_the_llama4_export_as_the_megatron_checkpoint_it_came_from(t
 
 
 def test_the_auto_backend_scores_with_transformers_where_the_checkpoint_exports_else_with_megatron(trained):
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     assert load_scorer(trained["nope_interleave_temperature"]).backend == "megatron"
     assert load_scorer(trained["prope"]).backend == ("hf" if HAS_PROPORTIONAL else "megatron")
 
 
 def test_the_memory_check_resolves_auto_to_the_backend_load_scorer_picks(trained):
-    from pretrain.evaluation.scorers import load_scorer, resolve_backend
+    from pretrain.evaluation.scorer_loading import load_scorer, resolve_backend
 
     for run in trained.values():
         assert resolve_backend(run, "auto") == load_scorer(run).backend

@@ -184,7 +184,7 @@ def test_posaug_fine_tune_from_an_import_trains_and_exports_exactly(imported, tm
 
 @pytest.mark.parametrize("arch", ["llama3", "qwen2"])
 def test_imported_model_evaluates_the_same_through_both_backends(imported, arch):
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     tokens = tokens_for_test(seed=4)
     megatron = load_scorer(imported[arch], backend="megatron").token_losses(tokens)
@@ -193,14 +193,14 @@ def test_imported_model_evaluates_the_same_through_both_backends(imported, arch)
 
 
 def test_hf_directory_with_llama3_scaling_refuses_an_evaluation_override(hf_dirs):
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     with pytest.raises(ValueError, match="already carries RoPE scaling 'llama3'"):
         load_scorer(hf_dirs["llama3"], train_window=32, rope_scaling="yarn", factor=2.0)
 
 
 def test_llama3_model_refuses_a_second_rope_scaling_at_export_and_evaluation(imported, tmp_path, capsys):
-    from pretrain.evaluation.scorers import load_scorer
+    from pretrain.evaluation.scorer_loading import load_scorer
 
     assert export_cli([str(imported["llama3"]), "--output", str(tmp_path / "hf"), "--no-tokenizer",
                        "--rope-scaling", "yarn", "--factor", "2"]) == 2
