@@ -119,4 +119,7 @@ mkdir -p "$(dirname "$DATA_PREFIX")"
 # Each rank runs WORKERS processes of its own; keep BLAS/tokenizer thread pools from oversubscribing.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
+# A rank that crashes in native code (a segfault in MPI, torch or a tokenizer) prints its Python stack; without
+# this, OpenMPI's handler prints only "Process received signal" and the address, which names no code.
+export PYTHONFAULTHANDLER=${PYTHONFAULTHANDLER:-1}
 exec "${SRUN[@]}" "${CMD[@]}"

@@ -186,6 +186,27 @@ def test_data_prep_batch_script_with_two_mpi_ranks_writes_the_local_runs_shards(
     assert slurm_shards == local_shards
 
 
+def test_a_data_prep_rank_that_segfaults_names_its_python_frame_in_the_job_log(cluster, tmp_path):
+    # PYTHON stands in for the interpreter: it starts MPI like data_prep, and rank 1 then crashes in native code.
+    crashing_python = tmp_path / "python"
+    crashing_python.write_text(f"""#!/bin/sh
+exec {PY} -c 'from mpi4py import MPI
+import ctypes
+def tokenise_in_native_code():
+    ctypes.string_at(0)
+if MPI.COMM_WORLD.Get_rank() == 1:
+    tokenise_in_native_code()
+MPI.COMM_WORLD.Barrier()'
+""")
+    crashing_python.chmod(0o755)
+    code, log = sbatch_wait(SLURM / "data_prep.sh", ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1"],
+                            tmp_path, 120, INPUT=str(tmp_path), TOKENIZER=str(tmp_path),
+                            DATA_PREFIX=str(tmp_path / "out" / "c"), PYTHON=str(crashing_python))
+    assert code != 0, log[-3000:]
+    assert "Fatal Python error: Segmentation fault" in log, log[-3000:]
+    assert "tokenise_in_native_code" in log, log[-3000:]
+
+
 def test_job_array_runs_one_task_per_seed(cluster, tmp_path):
     code, _ = sbatch_wait(SLURM / "pretrain_10m_rfs.sh",
                           ["--array=0-2", "--gpus-per-node=0", "--ntasks-per-node=1", "--cpus-per-task=1",
