@@ -171,7 +171,7 @@ def ranks(paths: list[Path]) -> int:
 
 
 RUN_IDS = [run_id for run_id, _ in RUNS]
-RESUMED = [run_id for run_id in RUN_IDS if run_id in resumed_runs()]
+RESUMED = sorted(resumed_runs(), key=RUN_IDS.index)  # one pass over the configs: each load reads a YAML
 
 
 @pytest.fixture(scope="module")
