@@ -147,7 +147,7 @@ class Gathered:
         for rank, stalls in enumerate(self.stalls):
             for seconds, step in stalls:
                 out.append(f"stall: rank {rank} on {self.hosts[rank]} could not run for {seconds:.1f} s during step "
-                           f"{step} (stopped or starved); shorter than parallel.train_timeout_seconds="
+                           f"{step} (stopped or starved); not counted against parallel.train_timeout_seconds="
                            f"{train_timeout_s:g}, so the run went on")
         return out
 

@@ -30,8 +30,10 @@ rank's deadline passes:
    few ticks. Checkpoints are untouched: a save cut short leaves only an iter_N.tmp, which resume ignores.
 
 The thread also notices when it could not run for a while (its sleep overran: the process was stopped, or
-starved): `take_stalls` hands these to the straggler report (stragglers.py), so a short stall is reported
-while the run goes on.
+starved): `take_stalls` hands these to the straggler report (stragglers.py), and the time is added to this rank's
+deadline, so a stall is reported while the run goes on, however long it was: a whole job suspended and resumed
+(SIGSTOP / SIGCONT to every rank, as `scontrol suspend` does) continues. A rank stopped alone still ends the
+run: its peers, which kept running, reach their deadlines and name it.
 
 nvidia-resiliency-ext (0.4.1, checked) is not used: its heartbeats and section timeouts need its own launcher
 (ft_launcher, a torchrun replacement hosting a rank-monitor process per rank), which the srun-per-GPU launch
@@ -171,6 +173,10 @@ class Watchdog:
             with self._lock:
                 if overrun >= STALL_MIN_S:
                     self.stalls.append((overrun, self.step + 1))
+                    # Time this process could not run is not its code hanging: a job suspended whole (SLURM's
+                    # `scontrol suspend` is a SIGSTOP to every rank) must go on once resumed. A rank stopped
+                    # alone is still named by its peers, whose deadlines kept running.
+                    self.deadline += overrun
                 self.fired = time.monotonic() > self.deadline and not self._stop.is_set()
             self.beats.publish()
             if self.fired:

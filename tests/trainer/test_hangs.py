@@ -1,6 +1,6 @@
 """A hung rank ends the run within the train timeout: its name, host and last step in one line, every live
 rank's stacks and flight recorder on record, status.json "hung", exit code 76, checkpoints intact, and a
-restart resumes; a short stall is reported and survived; a resume with a changed model is refused untouched.
+restart resumes; a stall is reported and survived, and a job suspended whole goes on when resumed; a resume with a changed model is refused untouched.
 
 Real torchrun ranks on gloo (DP=2, the tiny preset on synthetic tokens); rank 1 is frozen with SIGSTOP, as a
 rank stuck in a driver call or on a dead mount looks to its peers. Started as srun starts them (one process per
@@ -278,6 +278,29 @@ def test_a_stall_shorter_than_the_timeout_is_reported_and_the_run_goes_on(tmp_pa
     longest = tensorboard_scalars(tmp_path / "run", "perf/longest_stall_s")
     assert sorted(longest) == [2, 4, 6, 8, 10, 12, 14] and 4 <= max(longest.values()) <= 15
     assert set(tensorboard_scalars(tmp_path / "run", "perf/straggler_ratio")) == set(longest)
+
+
+@pytest.mark.slow
+def test_a_job_suspended_whole_for_longer_than_the_timeout_goes_on_when_resumed(tmp_path):
+    # `scontrol suspend` / `resume`: SIGSTOP and SIGCONT to every process of the job, launcher included
+    proc = start(tmp_path / "run", 10, "logging.straggler_interval=2")
+    try:
+        until_step(proc, 4)
+        job = [rank_pid(proc, 0), rank_pid(proc, 1), proc.pid]
+        for pid in job:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(TIMEOUT_S + 10)
+        for pid in reversed(job):
+            os.kill(pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "step 10/10" in out and not (tmp_path / "run" / "hang").exists()
+    stalls = [line for line in out.splitlines() if line.startswith("stall: rank ")]
+    seconds = max(float(line.split("could not run for ")[1].split(" s")[0]) for line in stalls)
+    assert seconds >= TIMEOUT_S + 5 and all("not counted against" in line for line in stalls), out[-3000:]
 
 
 @pytest.mark.slow  # a 3-step run first
