@@ -18,6 +18,8 @@ have finished. A budget fitted to one call evaluates even a run the deadline sto
 
 Usage (benchmarks/gpu_lease.sh runs it on the device machine):
   python benchmarks/gpu_lease.py --output OUT --data-prefix DATA/shards/corpus --deadline EPOCH_SECONDS
+Before the lease, here (the data gpu_lease.sh and the TE battery carry as .gpu_data):
+  python benchmarks/gpu_lease.py --prepare-data --output .gpu_data
 """
 
 from __future__ import annotations
@@ -191,8 +193,12 @@ def main() -> int:
     """Calibrate, budget, train side by side, evaluate, report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", required=True)
-    parser.add_argument("--data-prefix", required=True)
-    parser.add_argument("--deadline", type=float, required=True, help="epoch seconds by which the report is written")
+    parser.add_argument("--data-prefix", help="required unless --prepare-data")
+    parser.add_argument("--deadline", type=float, help="epoch seconds by which the report is written (required "
+                                                       "unless --prepare-data)")
+    parser.add_argument("--prepare-data", action="store_true",
+                        help="here, before a lease: build OUTPUT/data/shards/corpus and its tokenizer (the preset's "
+                             "corpus, vocabulary and split, as reproduce does) and exit; carry OUTPUT (.gpu_data)")
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--preset", default="gpu-10m", help="cpu-tiny: a CPU smoke run of this script")
@@ -205,6 +211,14 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every run, e.g. schedule.micro_batch_size=32 (repeatable)")
     args = parser.parse_args()
+    if args.prepare_data:
+        from pretrain.experiments.presets import PRESETS
+        from pretrain.experiments.reproduce import prepare_data
+
+        print(prepare_data(Path(args.output), PRESETS[args.preset], None))
+        return 0
+    if args.data_prefix is None or args.deadline is None:
+        parser.error("--data-prefix and --deadline are required (or --prepare-data, to build the data here)")
 
     import torch
     from pretrain.experiments.presets import PRESETS

@@ -3,7 +3,8 @@
 # Engine, no network): `python -m pretrain selfcheck`, then benchmarks/gpu_lease.py (issue 40's GPU item) until
 # BUDGET seconds after the start. Needs, carried beside the checkout:
 #   .whl/       megatron-core 0.16.1 and zstandard wheels for cp312 (pip download --python-version 3.12 ...)
-#   .gpu_data/  data/shards/corpus.* and data/tokenizer/ (a data_prep --data-prefix and its tokenizer)
+#   .gpu_data/  data/shards/corpus.* and data/tokenizer/ (built here: python benchmarks/gpu_lease.py --prepare-data
+#               --output .gpu_data)
 # Writes to $OUT: nvidia-smi.txt, selfcheck.txt, lease.log, report.md, results.json, the plots (*.png),
 # lease_files.tgz (every run's config and log, every evaluation record).
 set -u

@@ -7,6 +7,7 @@ checkout included, and keeps git-ignored folders while it stays warm. TE 2.20.2 
 zstandard travel in `.whl/`, the folder benchmarks/gpu_lease.sh installs from.
 
 Here (network):  python benchmarks/gpu_te/kit.py download     # .gpu_te/ and .whl/ filled, manifest.json written
+                 python benchmarks/gpu_lease.py --prepare-data --output .gpu_data   # the battery's data
                  python benchmarks/gpu_te/kit.py plan         # each device call's `carry` and command
 There:           python3 benchmarks/gpu_te/kit.py check --partial   # after each transfer: what arrived, intact
                  python3 benchmarks/gpu_te/kit.py join              # every part checked, the wheel rebuilt, checked
@@ -26,7 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ".gpu_te"  # git-ignored, beside the checkout's files; the device machine keeps it while warm
-DEVICE_COMMAND = "bash benchmarks/gpu_te/device.sh python3 benchmarks/gpu_te/battery.py --preset gpu"
+DATA = ".gpu_data"  # benchmarks/gpu_lease.sh's data folder: the battery's save + resume step trains on it
+BUILD_DATA = f"python benchmarks/gpu_lease.py --prepare-data --output {DATA}"
+DEVICE_COMMAND = ("bash benchmarks/gpu_te/device.sh python3 benchmarks/gpu_te/battery.py --preset gpu "
+                  f"--data-prefix {DATA}/data/shards/corpus")
 WHEELS = ".whl"  # benchmarks/gpu_lease.sh's folder: megatron-core and zstandard
 MANIFEST = Path(__file__).resolve().parent / "manifest.json"  # tracked: the checksums travel with the checkout
 TE_VERSION = "2.20.2"
@@ -146,6 +150,28 @@ def transfers(manifest: dict, room: int) -> list[list[str]]:
     return [paths for _, paths in calls]
 
 
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder`."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def device_calls(manifest: dict, data: Path) -> list[list[str]]:
+    """The manifest's calls with the battery's data folder added to the last; refused when absent or too large."""
+    if not (data / "data" / "shards").is_dir():
+        raise KitError(f"{data} holds no data/shards: build it here with `{BUILD_DATA}`")
+    calls = [list(paths) for paths in manifest["transfers"]]
+    sizes = {f"{KIT}/parts/{p['name']}": p["size"] for e in manifest["files"].values() for p in e.get("parts", [])}
+    for entry in manifest["files"].values():
+        if not entry.get("parts"):
+            sizes[entry["folder"]] = sizes.get(entry["folder"], 0) + entry["size"]
+    last = sum(sizes[path] for path in calls[-1]) + folder_bytes(data)
+    if last > room_per_call():
+        raise KitError(f"the last call would carry {last / 2**20:.1f} MiB with {data}, more than the "
+                       f"{room_per_call() / 2**20:.1f} MiB one call has beside the checkout: build a smaller {DATA}")
+    calls[-1].append(DATA)
+    return calls
+
+
 def fetch_sdist(dest: Path) -> dict:
     """The transformer_engine_torch sdist from PyPI's simple index, checked against the index's sha256."""
     request = urllib.request.Request("https://pypi.org/simple/transformer-engine-torch/",
@@ -192,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--manifest", default=os.environ.get("GPU_TE_MANIFEST", str(MANIFEST)))
     parser.add_argument("--part-mib", type=int, default=None, help="part size (default: what one call can carry)")
     parser.add_argument("--partial", action="store_true", help="check: the files present only")
+    parser.add_argument("--data", default=os.environ.get("GPU_DATA", str(ROOT / DATA)),
+                        help=f"plan: the battery's data folder, carried with the last call (default: {DATA})")
     args = parser.parse_args(argv)
     try:
         if args.action == "download":
@@ -204,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = json.loads(manifest_path.read_text())
         kit = Path(args.kit)
         if args.action == "plan":
-            for index, paths in enumerate(manifest["transfers"], 1):
+            for index, paths in enumerate(device_calls(manifest, Path(args.data)), 1):
                 last = index == len(manifest["transfers"])
                 print(f"call {index}: carry {json.dumps(paths)}; command: "
                       + (DEVICE_COMMAND if last

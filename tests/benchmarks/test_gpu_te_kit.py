@@ -129,3 +129,20 @@ def test_the_shipped_manifest_plans_calls_within_64_mib_with_the_checkout():
 def test_the_device_command_is_within_the_tools_2000_characters():
     assert len(kit.DEVICE_COMMAND) <= 2000
     assert len("python3 benchmarks/gpu_te/kit.py check --partial") <= 2000
+
+
+def test_the_plans_last_call_carries_the_batterys_data_and_passes_its_prefix(fake_kit):
+    root, _ = fake_kit
+    (root / ".gpu_data/data/shards").mkdir(parents=True)
+    (root / ".gpu_data/data/shards/corpus_train.bin").write_bytes(b"\0" * 1024)
+    result = run_kit(root, "plan", "--data", str(root / ".gpu_data"))
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.splitlines()[-1]
+    assert '".whl", ".gpu_data"]' in last and last.endswith("--data-prefix .gpu_data/data/shards/corpus")
+
+
+def test_a_plan_without_the_batterys_data_is_refused_naming_the_command_that_builds_it(fake_kit):
+    root, _ = fake_kit
+    result = run_kit(root, "plan", "--data", str(root / ".gpu_data"))
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert "python benchmarks/gpu_lease.py --prepare-data --output .gpu_data" in result.stderr
