@@ -6,9 +6,11 @@ results.json files into one report, as if one invocation had run every task: the
 tallies over all tasks come from the code, not from a reader's arithmetic. Nothing is trained or evaluated.
 
 Only parts of one experiment join: the same preset (each task's training range and budget as the preset has them
-today), the same seeds and the same methods, no task in two parts. PosAug against each row is paired per held-out
+today) and the same seeds, split either by task (the same methods, no task in two parts) or by method (the same
+tasks, no method in two parts: new rows run beside a stored suite). PosAug against each row is paired per held-out
 example; a results.json keeps those paired results ("versus_posaug") but not the per-example scores, so the merged
-report uses the stored ones instead of recomputing them unpaired.
+report uses the stored ones, and computes unpaired ones (conservative, and marked so) only for a row PosAug never
+ran beside, i.e. one from another method part.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from pretrain.table import current_name
 from pretrain.tasks.presets import PRESETS
 
 _SUMMED = ("train_cpu_s", "train_runs_timed", "eval_cpu_s", "eval_runs_timed", "runs", "wall_s")
@@ -43,9 +46,6 @@ def _check_part(path: Path, results: dict, first: dict) -> None:
         if results[key] != first[key]:
             raise ValueError(f"--merge {path}: {key} {results[key]} but the first part has {first[key]}; "
                              "merge only parts of one experiment")
-    if sorted(results["methods"]) != sorted(first["methods"]):
-        raise ValueError(f"--merge {path}: methods {results['methods']} but the first part has "
-                         f"{first['methods']}; merge only parts that ran the same methods")
     preset = PRESETS.get(results["preset"])
     if preset is None:
         raise ValueError(f"--merge {path}: preset {results['preset']!r} is not one of {sorted(PRESETS)}")
@@ -94,19 +94,43 @@ def merge_reports(out: Path, paths: list[Path]) -> Path:
     if written.is_file() and "merged_from" not in json.loads(written.read_text()):
         raise ValueError(f"--output {out} holds a suite's own report; write the merged report to another directory")
     parts = [_load(path) for path in paths]
-    seen: dict[str, Path] = {}
     for path, results in zip(paths, parts):
         _check_part(path, results, parts[0])
-        for task in results["train_lengths"]:
-            if task in seen:
-                raise ValueError(f"--merge: task {task} is in both {seen[task]} and {path}; give each task once")
-            seen[task] = path
+    by_task = all(sorted(map(current_name, p["methods"])) == sorted(map(current_name, parts[0]["methods"]))
+                  for p in parts)
+    axis, key = ("task", "train_lengths") if by_task else ("method", "methods")
+    if not by_task:
+        for path, results in zip(paths, parts):
+            if sorted(results["train_lengths"]) != sorted(parts[0]["train_lengths"]):
+                raise ValueError(f"--merge {path}: methods and tasks both differ from the first part's; merge "
+                                 "parts split by task (the same methods) or by method (the same tasks)")
+    seen: dict[str, Path] = {}
+    for path, results in zip(paths, parts):
+        for item in results[key]:
+            if current_name(item) in seen:
+                raise ValueError(f"--merge: {axis} {item} is in both {seen[current_name(item)]} and {path}; give "
+                                 f"each {axis} once")
+            seen[current_name(item)] = path
     name = parts[0]["preset"]
     preset = PRESETS[name]
-    preset = dataclasses.replace(preset, tasks={t: r for t, r in preset.tasks.items() if t in seen},
-                                 methods=tuple(parts[0]["methods"]))
+    methods = tuple(m for part in (parts if not by_task else parts[:1]) for m in part["methods"])
+    preset = dataclasses.replace(preset, tasks={t: r for t, r in preset.tasks.items() if t in parts[0]["train_lengths"]
+                                                or (by_task and t in seen)}, methods=methods)
     records = [r for part in parts for r in part["records"]]
-    sources = [f"{path} ({', '.join(results['train_lengths'])})" for path, results in zip(paths, parts)]
+    sources = [f"{path} ({', '.join(results[key])})" for path, results in zip(paths, parts)]
     out.mkdir(parents=True, exist_ok=True)
     return write_report(out, name, preset, records, parts[0]["seeds"], _timing(parts),
-                        versus=_versus(parts), sources=sources)
+                        versus=_versus(parts) if by_task else _versus_across(parts, records, list(methods)),
+                        sources=sources)
+
+
+def _versus_across(parts: list[dict], records: list[dict], methods: list[str]) -> dict:
+    """PosAug against each row of method parts: each part's stored paired result, else an unpaired one."""
+    from pretrain.tasks.verdict import aggregate
+    from pretrain.tasks.versus import versus_all
+
+    computed = versus_all(records, aggregate(records), methods)
+    for metric, per_other in _versus(parts).items():
+        for other, per_task in per_other.items():
+            computed.setdefault(metric, {}).setdefault(other, {}).update(per_task)
+    return computed

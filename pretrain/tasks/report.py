@@ -164,6 +164,11 @@ METHOD_DEVIATIONS = {
 }
 
 
+def _any_unpaired(versus: dict) -> bool:
+    return any(not result["paired"] for per_other in versus.values() for per_task in per_other.values()
+               for result in per_task.values())
+
+
 def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds: list[int],
                  timing: dict, versus: dict | None = None, sources: list[str] | None = None) -> Path:
     """report.md, results.json and one plot per task under `out`.
@@ -185,7 +190,8 @@ def write_report(out: Path, preset_name: str, preset, records: list[dict], seeds
     if versus is None:
         versus = versus_all(records, summary, methods)
     merged = ("Merged from " + "; ".join(sources) + " (`--merge`: nothing trained or evaluated again; PosAug against "
-              "each row is each part's stored paired result)." if sources else "")
+              "each row is each part's stored paired result" + (", and unpaired, marked so, for a row from another "
+              "method part" if _any_unpaired(versus) else "") + ")." if sources else "")
     report = out / "report.md"
     report.write_text("\n\n".join([
         f"# Length generalisation on algorithmic tasks ({preset_name})",

@@ -81,6 +81,50 @@ def test_the_merged_report_names_its_parts_and_sums_their_invocations(tmp_path):
     assert "80.0 min" not in report and "1.3 min wall in 2 invocation(s) in the merged parts'" in report
 
 
+def write_method_part(out: Path, tasks: list[str], method: str = "swa_hybrid") -> Path:
+    """A suite's own report of one more method on `tasks`, run apart from the baseline and PosAug."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for task in tasks:
+        for seed in SEEDS:
+            rows.append(record(method, seed, [[(4, 4)] * 3 + [(0, 4)] * 7], task=task))
+            rows[-1]["train_lengths"] = list(PRESETS["cpu-long"].tasks[task])
+    preset = dataclasses.replace(preset_of(tasks), methods=(method,))
+    write_report(out, "cpu-long", preset, rows, SEEDS, dict(TIMING))
+    return out / "results.json"
+
+
+def test_a_method_part_joins_a_stored_suite_as_new_rows_under_its_gate(tmp_path):
+    stored = write_part(tmp_path / "a", ["copy", "sort"])
+    report = merge_reports(tmp_path / "m", [stored, write_method_part(tmp_path / "b", ["copy", "sort"])])
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())
+    assert merged["methods"] == ["baseline", "posaug", "swa_hybrid"]
+    assert set(merged["summary"]["copy"]) == {"baseline", "posaug", "swa_hybrid"}
+    assert "unpaired, marked so, for a row from another method part" in report.read_text()
+
+
+def test_posaug_against_a_row_from_another_method_part_is_unpaired_and_its_own_rows_stay_paired(tmp_path):
+    stored = write_part(tmp_path / "a", ["copy"])
+    merge_reports(tmp_path / "m", [stored, write_method_part(tmp_path / "b", ["copy"])])
+    versus = json.loads((tmp_path / "m" / "results.json").read_text())["versus_posaug"]["accuracy"]
+    assert versus["baseline"]["copy"]["paired"] and not versus["swa_hybrid"]["copy"]["paired"]
+    assert versus["baseline"]["copy"] == json.loads(stored.read_text())["versus_posaug"]["accuracy"]["baseline"]["copy"]
+
+
+def test_a_method_in_two_method_parts_is_refused(tmp_path):
+    first = write_method_part(tmp_path / "a", ["copy"])
+    second = write_part(tmp_path / "b", ["copy"])
+    third = write_method_part(tmp_path / "c", ["copy"])
+    with pytest.raises(ValueError, match="method swa_hybrid is in both"):
+        merge_reports(tmp_path / "m", [first, second, third])
+
+
+def test_parts_differing_in_both_methods_and_tasks_are_refused(tmp_path):
+    first, second = write_part(tmp_path / "a", ["copy"]), write_method_part(tmp_path / "b", ["sort"])
+    with pytest.raises(ValueError, match="methods and tasks both differ from the first part's"):
+        merge_reports(tmp_path / "m", [first, second])
+
+
 def test_a_task_in_two_parts_is_refused(tmp_path):
     first, second = write_part(tmp_path / "a", ["copy"]), write_part(tmp_path / "b", ["copy", "sort"])
     with pytest.raises(ValueError, match="task copy is in both"):
