@@ -25,8 +25,8 @@ def tasks_parser() -> Parser:
     parser.add_argument("--report-only", action="store_true",
                         help="write the report of the runs already evaluated under --output; train nothing")
     parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON",
-                        help="one report under --output of the results.json of suites run in parts (split by task or by "
-                             "method); train nothing")
+                        help="one report under --output of the results.json of suites run in parts (split by task "
+                             "or by method); train nothing")
     parser.add_argument("--train-iters", type=int, help="scale down: every task's steps (recorded in the report)")
     parser.add_argument("--eval-count", type=int, help="scale down: held-out examples per length")
     parser.add_argument("--eval-stride", type=int, help="scale down: evaluate every k-th unseen length")

@@ -1,6 +1,7 @@
 """A hung rank ends the run within the train timeout: its name, host and last step in one line, every live
 rank's stacks and flight recorder on record, status.json "hung", exit code 76, checkpoints intact, and a
-restart resumes; a stall is reported and survived, and a job suspended whole goes on when resumed; a resume with a changed model is refused untouched.
+restart resumes; a stall is reported and survived, and a job suspended whole goes on when resumed; a resume with
+a changed model is refused untouched.
 
 Real torchrun ranks on gloo (DP=2, the tiny preset on synthetic tokens); rank 1 is frozen with SIGSTOP, as a
 rank stuck in a driver call or on a dead mount looks to its peers. Started as srun starts them (one process per
