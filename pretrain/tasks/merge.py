@@ -113,7 +113,8 @@ def merge_reports(out: Path, paths: list[Path]) -> Path:
             seen[current_name(item)] = path
     name = parts[0]["preset"]
     preset = PRESETS[name]
-    methods = tuple(m for part in (parts if not by_task else parts[:1]) for m in part["methods"])
+    # current names: a part stored before a rename (rope -> baseline) keeps the old one, its summary the new
+    methods = tuple(current_name(m) for part in (parts if not by_task else parts[:1]) for m in part["methods"])
     preset = dataclasses.replace(preset, tasks={t: r for t, r in preset.tasks.items() if t in parts[0]["train_lengths"]
                                                 or (by_task and t in seen)}, methods=methods)
     records = [r for part in parts for r in part["records"]]

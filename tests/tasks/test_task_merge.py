@@ -103,6 +103,15 @@ def test_a_method_part_joins_a_stored_suite_as_new_rows_under_its_gate(tmp_path)
     assert "unpaired, marked so, for a row from another method part" in report.read_text()
 
 
+def test_a_part_stored_under_a_methods_old_name_keeps_its_column(tmp_path):
+    stored = write_part(tmp_path / "a", ["copy"])
+    results = json.loads(stored.read_text())
+    results["methods"] = ["rope" if m == "baseline" else m for m in results["methods"]]
+    stored.write_text(json.dumps(results))
+    report = merge_reports(tmp_path / "m", [stored, write_method_part(tmp_path / "b", ["copy"])]).read_text()
+    assert "| Task | baseline | posaug | swa_hybrid |" in report
+
+
 def test_posaug_against_a_row_from_another_method_part_is_unpaired_and_its_own_rows_stay_paired(tmp_path):
     stored = write_part(tmp_path / "a", ["copy"])
     merge_reports(tmp_path / "m", [stored, write_method_part(tmp_path / "b", ["copy"])])
