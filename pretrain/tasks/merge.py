@@ -104,19 +104,20 @@ def merge_reports(out: Path, paths: list[Path]) -> Path:
             if sorted(results["train_lengths"]) != sorted(parts[0]["train_lengths"]):
                 raise ValueError(f"--merge {path}: methods and tasks both differ from the first part's; merge "
                                  "parts split by task (the same methods) or by method (the same tasks)")
+    name_of = str if by_task else current_name  # a method stored under a former name is the same method
     seen: dict[str, Path] = {}
     for path, results in zip(paths, parts):
         for item in results[key]:
-            if current_name(item) in seen:
-                raise ValueError(f"--merge: {axis} {item} is in both {seen[current_name(item)]} and {path}; give "
+            if name_of(item) in seen:
+                raise ValueError(f"--merge: {axis} {item} is in both {seen[name_of(item)]} and {path}; give "
                                  f"each {axis} once")
-            seen[current_name(item)] = path
+            seen[name_of(item)] = path
     name = parts[0]["preset"]
     preset = PRESETS[name]
     # current names: a part stored before a rename (rope -> baseline) keeps the old one, its summary the new
     methods = tuple(current_name(m) for part in (parts if not by_task else parts[:1]) for m in part["methods"])
-    preset = dataclasses.replace(preset, tasks={t: r for t, r in preset.tasks.items() if t in parts[0]["train_lengths"]
-                                                or (by_task and t in seen)}, methods=methods)
+    tasks = seen if by_task else parts[0]["train_lengths"]
+    preset = dataclasses.replace(preset, tasks={t: r for t, r in preset.tasks.items() if t in tasks}, methods=methods)
     records = [r for part in parts for r in part["records"]]
     sources = [f"{path} ({', '.join(results[key])})" for path, results in zip(paths, parts)]
     out.mkdir(parents=True, exist_ok=True)
