@@ -164,10 +164,10 @@ def device_calls(manifest: dict, data: Path) -> list[list[str]]:
     for entry in manifest["files"].values():
         if not entry.get("parts"):
             sizes[entry["folder"]] = sizes.get(entry["folder"], 0) + entry["size"]
-    last = sum(sizes[path] for path in calls[-1]) + folder_bytes(data)
-    if last > room_per_call():
+    last, room = sum(sizes[path] for path in calls[-1]) + folder_bytes(data), room_per_call()
+    if last > room:
         raise KitError(f"the last call would carry {last / 2**20:.1f} MiB with {data}, more than the "
-                       f"{room_per_call() / 2**20:.1f} MiB one call has beside the checkout: build a smaller {DATA}")
+                       f"{room / 2**20:.1f} MiB one call has beside the checkout: build a smaller {DATA}")
     calls[-1].append(DATA)
     return calls
 
