@@ -1,8 +1,15 @@
 """Shared fixtures: a single-process Megatron world, a torchrun launcher with a timeout; warning filters and the
 session's MFU peak cache."""
 
-import json
 import os
+
+# One OpenMP thread per process, set before anything imports torch, and inherited by every process a test starts
+# (trainings, torchrun ranks, SLURM jobs submitted from here). The suite runs 3 workers on 2 cores, each starting
+# trainings: torch's default (a thread per core) makes OpenMP threads wait for a core, and waiting threads spin. A
+# 20-step tiny training beside two busy processes used 70 CPU-s with 2 threads, 7.8 with 1 (docs/testing.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import json
 import shutil
 import signal
 import subprocess
@@ -178,7 +185,7 @@ def megatron_world():
 
 def run_torchrun(script: str, nproc: int, *args: str, timeout: float = 300) -> list[dict]:
     """Run `script` under torchrun (gloo, CPU) and return the JSON records printed as 'RESULT {...}'."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(REPO / script), *args]
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -221,7 +228,7 @@ TINY_TRAIN = ["preset=tiny", "model.vocab_size=512", "schedule.global_batch_size
 
 def run_train(overrides: list[str], nproc: int = 1, timeout: float = 300, check: bool = True):
     """`python -m pretrain train --set ...` (under torchrun when nproc > 1); returns the CompletedProcess."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                  "-m", "pretrain"] if nproc > 1 else [sys.executable, "-m", "pretrain"])
     proc = subprocess.run([*launcher, "train", "--set", *overrides], cwd=REPO, env=env, capture_output=True,

@@ -13,7 +13,7 @@ from conftest import REPO
 from megatron_ext.versions import MODEL_REACHES, REACHES, TESTED_MEGATRON_CORE
 from pretrain.selfcheck import CUDA_CHECKS
 
-ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+ENV = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
 
 
 def _rows(stdout: str) -> dict[str, list[str]]:

@@ -31,7 +31,7 @@ print('MEASURED ' + json.dumps({'code': code, 'growth': resource.getrusage(resou
 
 def measure(run_dir: str, data: str, length: int, backend: str = "hf") -> int:
     """Peak RSS growth in bytes of one `eval run` at `length` (one span)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-c", CHILD, "run", run_dir, "--data", data, "--lengths", str(length),
                            "--num-spans", "1", "--backend", backend], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)

@@ -17,7 +17,7 @@ from conftest import REPO
     ("--factor", "0.5", "--factor must be at least 1"),
 ])
 def test_an_out_of_range_flag_is_refused_naming_it(tmp_path, flag, value, message):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     args = ["--lengths", "32"] if flag != "--lengths" else []
     proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", "run", str(tmp_path / "model"), "--data",
                            str(tmp_path / "text.txt"), *args, flag, value, "--output", str(tmp_path / "out")],

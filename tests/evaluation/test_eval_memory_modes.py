@@ -26,7 +26,7 @@ def ssmax_run(tmp_path_factory):
 
 
 def eval_run(run, tmp_path, *flags):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", "run", str(run), "--data",
                            str(tmp_path / "no_data"), "--out", str(tmp_path / "out"), "--no-progress", *flags],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -60,7 +60,7 @@ def test_the_entropy_of_a_length_that_fits_for_losses_is_refused_naming_entropy_
 
 
 def test_eval_all_refuses_a_run_whose_estimate_cannot_fit_before_reading_it(ssmax_run, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", "all", str(ssmax_run.parent), "--data",
                            str(tmp_path / "no_data"), "--lengths", "200000", "--out", str(tmp_path / "out"),
                            "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

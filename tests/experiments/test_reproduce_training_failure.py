@@ -10,7 +10,7 @@ from conftest import REPO
 
 
 def test_a_failed_training_is_one_line_naming_the_run_with_the_trainers_exit_code(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     # Transformer Engine on CPU passes reproduce's checks and is refused by the trainer, exit 2, in one line.
     proc = subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--preset", "cpu-tiny", "--methods",
                            "baseline", "--output", str(tmp_path / "out"), "--set",

@@ -17,7 +17,7 @@ from pretrain.runs import discover
 
 pytestmark = [pytest.mark.slow]  # real training processes
 
-ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+ENV = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
 
 
 def _wait_for(predicate, timeout=240):

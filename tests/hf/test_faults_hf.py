@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_pretrain(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """`python -m pretrain ARGS` in a fresh single process."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     return subprocess.run([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -208,7 +208,7 @@ def test_under_transformers_4_nope_interleaved_exports_to_equal_logits_and_prope
     from hf_helpers import megatron_logits, megatron_model, sample_tokens
 
     repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    env = dict(os.environ, 
                PYTHONPATH=os.pathsep.join([os.environ["POSAUG_TRANSFORMERS4_SITE"], str(repo)]))
 
     def run(*args):

@@ -150,7 +150,7 @@ def test_tensor_parallel_imports_give_the_hf_logits_train_and_export_back(megatr
 
 
 def _fine_tune(run_dir, save_dir):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     overrides = [f"checkpoint.load={run_dir}", f"checkpoint.save={save_dir}", "positions.strategy=posaug",
                  "data.synthetic=true", "schedule.train_iters=2", "schedule.global_batch_size=2",
                  "schedule.micro_batch_size=1", "optimizer.lr=1e-2", "optimizer.lr_warmup_iters=0",
@@ -270,7 +270,7 @@ def test_gpt2_from_the_command_line_is_one_error_line_with_exit_2(tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_config(REFUSED["gpt2"][0]()).save_pretrained(tmp_path / "hf")
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "pretrain", "import-hf", "--hf", str(tmp_path / "hf"), "--output",
                            str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -167,7 +167,7 @@ def test_transformers_4_fields_alone_give_the_same_logits(exports, tmp_path, kin
 def test_exports_load_to_the_same_logits_under_transformers_4(exports, tmp_path):
     tokens = sample_tokens(EVAL, seed=5)
     torch.save(tokens, tmp_path / "tokens.pt")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    env = dict(os.environ, 
                PYTHONPATH=os.pathsep.join([os.environ["POSAUG_TRANSFORMERS4_SITE"], str(REPO)]))
     dirs = [str(exports[kind][0]) for kind in EXPORTS]
     proc = subprocess.run([sys.executable, str(REPO / "tests/distributed/hf_load_logits.py"), "--tokens",

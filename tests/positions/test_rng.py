@@ -121,7 +121,7 @@ torch.save({{name: per_sequence(name, step=17, first_sample=3, batch_size=2) for
 
 
 def test_same_seed_step_and_samples_give_identical_positions_in_separate_processes(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     code = _CHILD.format(tests=str(Path(__file__).parent))
     paths = [tmp_path / f"rank{rank}.pt" for rank in range(2)]
     # Both "ranks" run concurrently, each with a different default-RNG seed.

@@ -179,7 +179,7 @@ def test_a_grid_with_a_run_that_cannot_fit_submits_nothing_to_the_cluster(cluste
 
 def test_on_the_two_node_cluster_the_grid_trains_each_run_across_both_nodes_to_its_report(tmp_path):
     two_nodes = os.environ.get("SLURM_TWO_NODES_DIR", "/var/lib/slurm-two-nodes")
-    env = {**job_env(), "SLURM_CONF": f"{two_nodes}/etc/slurm.conf", "OMP_NUM_THREADS": "1"}
+    env = {**job_env(), "SLURM_CONF": f"{two_nodes}/etc/slurm.conf"}
     start = subprocess.run(["bash", str(REPO / "slurm" / "local" / "start_two_nodes.sh")], env=env,
                            capture_output=True, text=True, timeout=600)
     if start.returncode == 3:

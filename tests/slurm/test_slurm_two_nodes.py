@@ -44,7 +44,7 @@ LAUNCHER_VARS = {"POSAUG_ROOT", "CONFIG", "DATA_PREFIX", "SYNTHETIC_DATA", "OUTP
 def two_node_env(**extra: str) -> dict:
     """Environment for sbatch (exported to the job): this one minus SLURM/launcher settings, plus the cluster's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_")) and k not in LAUNCHER_VARS}
-    env.update(SLURM_CONF=f"{TWO_NODES_DIR}/etc/slurm.conf", PYTHON=PY, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.update(SLURM_CONF=f"{TWO_NODES_DIR}/etc/slurm.conf", PYTHON=PY, PYTHONWARNINGS="ignore")
     env.update(extra)
     return env
 

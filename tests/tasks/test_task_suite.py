@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def reproduce_tasks(out: Path, *extra: str, preset: str = "cpu-tiny") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     return subprocess.run([sys.executable, "-m", "pretrain", "reproduce", "--suite", "tasks", "--preset", preset,
                            "--output", str(out), *extra], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=1500)

@@ -146,7 +146,7 @@ def test_bf16_run_started_from_imported_hf_weights_keeps_them(exports, tiny_shar
 def _env():
     import os
 
-    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
 
 
 def _pretrain(*args):

@@ -46,7 +46,7 @@ def rotten(trained, tmp_path):
 
 
 def pretrain(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     return subprocess.run([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
 

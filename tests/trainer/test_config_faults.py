@@ -46,7 +46,7 @@ def test_a_broken_yaml_file_is_one_error_naming_file_and_line(tmp_path, text, me
 
 
 def cli_train(*overrides: str, config: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     return subprocess.run([sys.executable, "-m", "pretrain", "train", *(["--config", config] if config else []),
                            "--set", *TINY_TRAIN, *overrides], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)

@@ -17,7 +17,7 @@ SPECIAL_FIRST = ["@", "!", "`", "*", "[", "%", "#", "&"]
 
 
 def train_check(*overrides: str, config: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     return subprocess.run([sys.executable, "-m", "pretrain", "train", "--check",
                            *(["--config", config] if config else []), "--set", *TINY_TRAIN, *overrides],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

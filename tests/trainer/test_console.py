@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, run_train, tensorboard_scalars
 from pretrain.console import KNOWN_HARMLESS, Progress
 
-ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+ENV = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
 
 
 def test_known_harmless_warnings_are_silenced_and_any_other_warning_still_shows():

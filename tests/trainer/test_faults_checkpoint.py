@@ -110,7 +110,7 @@ def test_overwrite_true_never_deletes_an_intact_checkpoint(run_dir):
     assert "resumed from iteration 4" in proc.stdout
 @pytest.mark.slow  # a first run trains in the background
 def test_second_run_on_a_locked_run_dir_exits_2_naming_the_holder(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     first = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *RUN, "schedule.train_iters=100000",
                               "checkpoint.save_interval=100000", f"checkpoint.save={tmp_path}"],
                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -131,7 +131,7 @@ def test_eval_on_a_run_whose_only_checkpoint_is_truncated_exits_2(run_dir, tmp_p
     truncate(run_dir / "iter_0000004" / "__0_0.distcp")
     text = tmp_path / "eval.txt"
     text.write_text("some text to score " * 50)
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", str(run_dir), "--data", str(text),
                            "--lengths", "32", "--output", str(tmp_path / "out")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

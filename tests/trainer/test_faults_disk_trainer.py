@@ -143,7 +143,7 @@ def test_read_only_tensorboard_directory_is_one_line_exit_2(small_disk, tmp_path
 @pytest.mark.slow  # trains until the directory is removed
 def test_run_directory_removed_while_training_is_one_line_exit_2(tmp_path):
     run_dir = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *RUN, "schedule.train_iters=100000",
                              "checkpoint.save_interval=100000", f"checkpoint.save={run_dir}"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

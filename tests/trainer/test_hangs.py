@@ -35,7 +35,7 @@ RUN = [*TINY_TRAIN, "data.synthetic=true", "schedule.global_batch_size=4", "sche
 
 def start(run_dir: Path, iters: int, *extra: str) -> subprocess.Popen:
     """The DP=2 run under torchrun, stdout and stderr piped."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pretrain",
                "train", "--set", *RUN, f"schedule.train_iters={iters}", f"checkpoint.save={run_dir}", *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -163,7 +163,7 @@ def start_as_srun(run_dir: Path, iters: int, log_dir: Path) -> list[subprocess.P
                f"checkpoint.save={run_dir}"]
     procs = []
     for rank in range(2):
-        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", RANK=str(rank),
+        env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", RANK=str(rank),
                    LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
         for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_JOB_ID"):

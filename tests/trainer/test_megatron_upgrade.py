@@ -35,7 +35,7 @@ def test_checkpoint_saved_by_the_oldest_tested_megatron_core_resumes_with_the_sa
     assert _oldest_megatron_core() == TESTED_MEGATRON_CORE[0], f"{OLDEST_PYTHON} must hold megatron-core " \
         f"{TESTED_MEGATRON_CORE[0]} (make test builds it first)"
     oldest, upgraded = tmp_path / "oldest", tmp_path / "upgraded"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     subprocess.run([OLDEST_PYTHON, "-m", "pretrain", "train", "--set", *RUN, f"checkpoint.save={oldest}"],
                    cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
     shutil.copytree(oldest / "iter_0000002", upgraded / "iter_0000002")

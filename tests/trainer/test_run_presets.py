@@ -67,7 +67,7 @@ def test_the_cpu_presets_train_what_reproduces_presets_of_the_same_name_train():
 
 @pytest.mark.slow
 def test_a_shipped_config_run_on_cpu_with_a_preset_prints_no_warning(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     env.pop("PRETRAIN_SHOW_ALL_WARNINGS", None)
     proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "10m_posaug", "--preset", "cpu-tiny",
                            "--set", "data.synthetic=true", f"checkpoint.save={tmp_path / 'run'}"],

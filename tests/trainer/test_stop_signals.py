@@ -42,7 +42,7 @@ def _overrides(run_dir: Path) -> list[str]:
 
 def _start(run_dir: Path, helper_start: str = "fork") -> subprocess.Popen:
     """The trainer as the leader of its own process group (as srun and a shell's job control start it)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="",
                PRETRAIN_HELPER_START=helper_start)
     return subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *_overrides(run_dir)], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -63,7 +63,7 @@ def test_parallel_layout_resumed_from_one_process_checkpoint_follows_the_same_lo
 
 
 def _start(overrides):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     return subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--set", *overrides], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

@@ -24,7 +24,7 @@ TB_TAGS = ("train/loss", "train/lr", "train/grad_norm", "positions/alpha", "perf
 def _env(tmp_path: Path) -> dict:
     """No credentials, wandb's own config/cache under tmp_path: nothing can reach a server or the user's files."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", NETRC=str(tmp_path / "no-netrc"),
+    env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", NETRC=str(tmp_path / "no-netrc"),
                WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
                WANDB_DATA_DIR=str(tmp_path / "wandb-data"), WANDB_ERROR_REPORTING="false")
     return env
