@@ -46,6 +46,10 @@ BINARIES = {  # requirement -> folder it lands in
 SDIST = f"transformer_engine_torch-{TE_VERSION}.tar.gz"  # pip cannot download it without building its metadata
 CALL_LIMIT = 64 * 2**20  # the device tool's limit per call: checkout + carried paths
 MARGIN = 2 * 2**20
+# Left free beside each part when the parts are cut: the checkout grows with every stored result, and parts cut to
+# the exact room stopped fitting after one session's evidence (2.7 MB). `plan` refuses a call that no longer fits.
+GROWTH = 6 * 2**20
+MIB = 2**20
 CHUNK = 2**20
 
 
@@ -156,7 +160,8 @@ def folder_bytes(folder: Path) -> int:
 
 
 def device_calls(manifest: dict, data: Path) -> list[list[str]]:
-    """The manifest's calls with the battery's data folder added to the last; refused when absent or too large."""
+    """The manifest's calls with the battery's data folder added to the last, or carried alone just before it when
+    the last is full; refused when the data is absent or any call is larger than the room beside the checkout."""
     if not (data / "data" / "shards").is_dir():
         raise KitError(f"{data} holds no data/shards: build it here with `{BUILD_DATA}`")
     calls = [list(paths) for paths in manifest["transfers"]]
@@ -164,11 +169,17 @@ def device_calls(manifest: dict, data: Path) -> list[list[str]]:
     for entry in manifest["files"].values():
         if not entry.get("parts"):
             sizes[entry["folder"]] = sizes.get(entry["folder"], 0) + entry["size"]
-    last, room = sum(sizes[path] for path in calls[-1]) + folder_bytes(data), room_per_call()
-    if last > room:
-        raise KitError(f"the last call would carry {last / 2**20:.1f} MiB with {data}, more than the "
-                       f"{room / 2**20:.1f} MiB one call has beside the checkout: build a smaller {DATA}")
-    calls[-1].append(DATA)
+    sizes[DATA], room = folder_bytes(data), room_per_call()
+    if sum(sizes[path] for path in calls[-1]) + sizes[DATA] <= room:
+        calls[-1].append(DATA)
+    else:
+        calls.insert(len(calls) - 1, [DATA])
+    for index, paths in enumerate(calls, 1):
+        carried = sum(sizes[path] for path in paths)
+        if carried > room:
+            raise KitError(f"device call {index} would carry {carried / MIB:.1f} MiB, more than the {room / MIB:.1f} "
+                           f"MiB one call has beside this checkout: cut the parts again with `python "
+                           f"benchmarks/gpu_te/kit.py download --part-mib {max(1, (room - GROWTH) // MIB)}`")
     return calls
 
 
@@ -198,7 +209,7 @@ def download(part_bytes: int | None) -> dict:
     sdist = ROOT / KIT / "small" / SDIST
     files[SDIST] = {"folder": f"{KIT}/small", "size": sdist.stat().st_size, "sha256": sha256(sdist)}
     room = room_per_call()
-    part_bytes = part_bytes or (room // 2**20) * 2**20
+    part_bytes = part_bytes or max(MIB, (room - GROWTH) // MIB * MIB)
     for name, entry in files.items():
         if entry["folder"] == f"{KIT}/big":
             entry["parts"] = split(ROOT / KIT / "big" / name, ROOT / KIT / "parts", part_bytes)
@@ -216,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kit", default=os.environ.get("GPU_TE_KIT", str(ROOT / KIT)),
                         help="the kit folder (default: $GPU_TE_KIT, else .gpu_te in the checkout)")
     parser.add_argument("--manifest", default=os.environ.get("GPU_TE_MANIFEST", str(MANIFEST)))
-    parser.add_argument("--part-mib", type=int, default=None, help="part size (default: what one call can carry)")
+    parser.add_argument("--part-mib", type=int, default=None,
+                        help="part size (default: what one call can carry beside the checkout, less GROWTH)")
     parser.add_argument("--partial", action="store_true", help="check: the files present only")
     parser.add_argument("--data", default=os.environ.get("GPU_DATA", str(ROOT / DATA)),
                         help=f"plan: the battery's data folder, carried with the last call (default: {DATA})")
@@ -232,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         manifest = json.loads(manifest_path.read_text())
         kit = Path(args.kit)
         if args.action == "plan":
-            for index, paths in enumerate(device_calls(manifest, Path(args.data)), 1):
-                last = index == len(manifest["transfers"])
+            calls = device_calls(manifest, Path(args.data))
+            for index, paths in enumerate(calls, 1):
+                last = index == len(calls)
                 print(f"call {index}: carry {json.dumps(paths)}; command: "
                       + (DEVICE_COMMAND if last
                          else "python3 benchmarks/gpu_te/kit.py check --partial"))

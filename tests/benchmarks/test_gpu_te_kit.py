@@ -146,3 +146,36 @@ def test_a_plan_without_the_batterys_data_is_refused_naming_the_command_that_bui
     result = run_kit(root, "plan", "--data", str(root / ".gpu_data"))
     assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
     assert "python benchmarks/gpu_lease.py --prepare-data --output .gpu_data" in result.stderr
+
+
+def _declare_last_call_bytes(root: Path, total: int) -> None:
+    """Rewrite the fake manifest so that its last call declares `total` bytes (its .whl entry takes the rest)."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    others = sum(p["size"] for p in manifest["files"][BIG]["parts"][-1:]) + sum(
+        e["size"] for e in manifest["files"].values() if e["folder"] == ".gpu_te/small")
+    [whl] = [name for name, e in manifest["files"].items() if e["folder"] == ".whl"]
+    manifest["files"][whl]["size"] = total - others
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_the_data_travels_in_its_own_call_before_the_last_when_the_last_is_full(fake_kit):
+    root, _ = fake_kit
+    (root / ".gpu_data/data/shards").mkdir(parents=True)
+    (root / ".gpu_data/data/shards/corpus_train.bin").write_bytes(b"\0" * 1024)
+    _declare_last_call_bytes(root, kit.room_per_call() - 100)
+    result = run_kit(root, "plan", "--data", str(root / ".gpu_data"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4 and lines[2].startswith('call 3: carry [".gpu_data"]; command: python3')
+    assert '".whl"]; command: bash benchmarks/gpu_te/device.sh' in lines[3]
+
+
+def test_a_plan_with_a_call_larger_than_the_room_beside_the_checkout_is_refused_naming_the_fix(fake_kit):
+    root, _ = fake_kit
+    (root / ".gpu_data/data/shards").mkdir(parents=True)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["files"][BIG]["parts"][0]["size"] = kit.room_per_call() + 1  # the checkout grew since the parts were cut
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    result = run_kit(root, "plan", "--data", str(root / ".gpu_data"))
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert "device call 1 would carry" in result.stderr and "kit.py download --part-mib" in result.stderr
