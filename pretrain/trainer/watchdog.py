@@ -163,13 +163,16 @@ class Watchdog:
     # ---- the thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
         self.beats.reserve()  # before any read here: a read of a key no rank wrote would wait out the store's timeout
+        checked, excused = time.monotonic(), 0.0
         while True:
-            before = time.monotonic()
             self._wake.wait(self.tick)
             self._wake.clear()
             if self._stop.is_set():
                 return
-            overrun = time.monotonic() - before - self.tick  # a stopped process overruns its sleep
+            # A stopped process overruns whatever this thread was doing when the signal came: its sleep, or a
+            # store call that then succeeded (measured only over the sleep, a SIGSTOP landing in a heartbeat made
+            # the job's resume look like a hang). Time in a store call that failed is the store's, not a stall.
+            overrun = time.monotonic() - checked - self.tick - excused
             with self._lock:
                 if overrun >= STALL_MIN_S:
                     self.stalls.append((overrun, self.step + 1))
@@ -178,12 +181,14 @@ class Watchdog:
                     # alone is still named by its peers, whose deadlines kept running.
                     self.deadline += overrun
                 self.fired = time.monotonic() > self.deadline and not self._stop.is_set()
+            checked = time.monotonic()
             self.beats.publish()
             if self.fired:
                 self._hang()
                 return
             if 0 not in self.beats.records and self.rank != 0 and self.world > 1:
                 self._learn_store_host()
+            excused = time.monotonic() - checked if self.beats.problem else 0.0
 
     def _learn_store_host(self) -> None:
         """Rank 0's heartbeat, read once while the store answers: under srun rank 0 hosts the store, and once it

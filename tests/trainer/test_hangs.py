@@ -394,3 +394,30 @@ def test_the_launchers_know_the_hang_exit_code():
 
     common = (REPO / "slurm" / "common.sh").read_text()
     assert f"\nHANG_EXIT_CODE={HANG_EXIT_CODE}  # pretrain/trainer/watchdog.py" in common
+
+
+def test_a_stop_that_lands_in_a_heartbeat_is_a_stall_not_a_hang(megatron_world, tmp_path):
+    # A SIGSTOP can land while the watchdog thread writes its heartbeat: from the thread, that write took as long
+    # as the stop and then succeeded. Seen once in `make test` (the whole-job suspend test above, exit 76).
+    from pretrain.trainer.watchdog import Watchdog
+
+    watchdog = Watchdog(tmp_path, 10, startup_timeout_s=60.0, train_timeout_s=2.0)
+    real_publish, calls, fired = watchdog.beats.publish, [], []
+
+    def publish_stopped_on_the_second_call():
+        calls.append(time.monotonic())
+        if len(calls) == 2:  # the thread's first heartbeat (the first is start()'s, on this thread)
+            time.sleep(3.0)
+        real_publish()
+        watchdog.beats.problem = None  # the write succeeded once the process ran again
+
+    watchdog.beats.publish = publish_stopped_on_the_second_call
+    watchdog._hang = lambda: fired.append(watchdog.step)  # the real one ends the process
+    watchdog.start()
+    watchdog.progress(1)  # the train timeout (2 s) runs from here; the stop (3 s) outlasts it
+    time.sleep(4.0)
+    stalls = watchdog.take_stalls()
+    watchdog.progress(2)
+    watchdog.stop()
+    assert fired == [] and len(calls) > 2
+    assert len(stalls) == 1 and stalls[0][0] >= 2.5 and stalls[0][1] == 2
