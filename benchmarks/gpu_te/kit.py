@@ -44,13 +44,13 @@ BINARIES = {  # requirement -> folder it lands in
     "zstandard==0.25.0": WHEELS,
 }
 SDIST = f"transformer_engine_torch-{TE_VERSION}.tar.gz"  # pip cannot download it without building its metadata
-CALL_LIMIT = 64 * 2**20  # the device tool's limit per call: checkout + carried paths
-MARGIN = 2 * 2**20
+MIB = 2**20
+CALL_LIMIT = 64 * MIB  # the device tool's limit per call: checkout + carried paths
+MARGIN = 2 * MIB
 # Left free beside each part when the parts are cut: the checkout grows with every stored result, and parts cut to
 # the exact room stopped fitting after one session's evidence (2.7 MB). `plan` refuses a call that no longer fits.
-GROWTH = 6 * 2**20
-MIB = 2**20
-CHUNK = 2**20
+GROWTH = 6 * MIB
+CHUNK = MIB
 
 
 class KitError(Exception):
@@ -159,17 +159,22 @@ def folder_bytes(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
+def carried_sizes(manifest: dict) -> dict[str, int]:
+    """Bytes of each path a device call carries: every part, and each folder of whole files."""
+    sizes = {f"{KIT}/parts/{p['name']}": p["size"] for e in manifest["files"].values() for p in e.get("parts", [])}
+    for entry in manifest["files"].values():
+        if not entry.get("parts"):
+            sizes[entry["folder"]] = sizes.get(entry["folder"], 0) + entry["size"]
+    return sizes
+
+
 def device_calls(manifest: dict, data: Path) -> list[list[str]]:
     """The manifest's calls with the battery's data folder added to the last, or carried alone just before it when
     the last is full; refused when the data is absent or any call is larger than the room beside the checkout."""
     if not (data / "data" / "shards").is_dir():
         raise KitError(f"{data} holds no data/shards: build it here with `{BUILD_DATA}`")
     calls = [list(paths) for paths in manifest["transfers"]]
-    sizes = {f"{KIT}/parts/{p['name']}": p["size"] for e in manifest["files"].values() for p in e.get("parts", [])}
-    for entry in manifest["files"].values():
-        if not entry.get("parts"):
-            sizes[entry["folder"]] = sizes.get(entry["folder"], 0) + entry["size"]
-    sizes[DATA], room = folder_bytes(data), room_per_call()
+    sizes, room = {**carried_sizes(manifest), DATA: folder_bytes(data)}, room_per_call()
     if sum(sizes[path] for path in calls[-1]) + sizes[DATA] <= room:
         calls[-1].append(DATA)
     else:
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.action == "download":
-            manifest = download(args.part_mib * 2**20 if args.part_mib else None)
+            manifest = download(args.part_mib * MIB if args.part_mib else None)
             print(f"{len(manifest['files'])} files, {len(manifest['transfers'])} device calls: {MANIFEST}")
             return 0
         manifest_path = Path(args.manifest)

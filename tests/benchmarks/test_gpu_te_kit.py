@@ -116,10 +116,7 @@ def test_every_call_fits_the_device_limit_and_the_small_files_ride_with_a_part(f
 
 def test_the_shipped_manifest_plans_calls_within_64_mib_with_the_checkout():
     manifest = json.loads(kit.MANIFEST.read_text())
-    sizes = {f"{kit.KIT}/parts/{p['name']}": p["size"] for e in manifest["files"].values() for p in e.get("parts", [])}
-    for entry in manifest["files"].values():
-        if not entry.get("parts"):
-            sizes[entry["folder"]] = sizes.get(entry["folder"], 0) + entry["size"]
+    sizes = kit.carried_sizes(manifest)
     carried = [path for paths in manifest["transfers"] for path in paths]
     assert sorted(carried) == sorted(sizes)  # every part and folder travels, once
     for paths in manifest["transfers"]:
@@ -151,7 +148,7 @@ def test_a_plan_without_the_batterys_data_is_refused_naming_the_command_that_bui
 def _declare_last_call_bytes(root: Path, total: int) -> None:
     """Rewrite the fake manifest so that its last call declares `total` bytes (its .whl entry takes the rest)."""
     manifest = json.loads((root / "manifest.json").read_text())
-    others = sum(p["size"] for p in manifest["files"][BIG]["parts"][-1:]) + sum(
+    others = manifest["files"][BIG]["parts"][-1]["size"] + sum(
         e["size"] for e in manifest["files"].values() if e["folder"] == ".gpu_te/small")
     [whl] = [name for name, e in manifest["files"].items() if e["folder"] == ".whl"]
     manifest["files"][whl]["size"] = total - others
