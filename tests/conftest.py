@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import unit_times
+import zygote
 
 REPO = Path(__file__).resolve().parents[1]
 _unit_times: unit_times.UnitTimes | None = None
@@ -35,6 +36,9 @@ def pytest_configure(config):
     for known in KNOWN_HARMLESS:
         assert ":" not in known.message + known.module, f"pytest filter fields are ':'-separated: {known.message}"
         config.addinivalue_line("filterwarnings", f"ignore:{known.message}:{known.category.__name__}:{known.module}")
+    # `python -m pretrain ...` processes are forked from a pre-imported zygote (tests/zygote.py says how and when not)
+    if os.environ.get("POSAUG_ZYGOTE") != "0":
+        subprocess.Popen = zygote.ZygotePopen
     global _unit_times
     if not hasattr(config, "workerinput"):  # an xdist worker has it; the controller receives every report
         _unit_times = unit_times.UnitTimes(_work_unit)
@@ -167,7 +171,8 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_unconfigure(config):
-    """Remove the session's peak cache."""
+    """Stop this process's zygotes and remove the session's peak cache."""
+    zygote.close_all()
     if getattr(config, "peak_cache_dir", None):
         shutil.rmtree(config.peak_cache_dir, ignore_errors=True)
         os.environ.pop("POSAUG_CACHE_DIR", None)
