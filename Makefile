@@ -22,11 +22,10 @@ MATRIX_TESTS := tests/test_selfcheck.py::test_selfcheck_cpu_part_passes_and_cuda
 	tests/trainer/test_train.py::test_sigterm_saves_a_checkpoint_and_exits_with_the_requeue_code \
 	tests/hf/test_hf_export_checkpoint.py::test_auto_model_logits_equal_megatron_logits
 MATRIX_DESELECT := -k "not dp2"
-# Left out of the newest minor's fast suite: what no Megatron-Core version changes. The bash launchers (their dry
-# runs start Python only to print a command or refuse; the plan and trainer they call are tested in this environment
-# by their own modules) and the test harness's own clocks.
-NEWEST_FAST_IGNORE := tests/slurm/test_slurm_launchers.py \
-	tests/test_ci_phases.py tests/test_unit_times.py tests/test_import_graph.py
+# What the newest minor runs: the test modules the pinned phase recorded as running Megatron-Core code in any of
+# their processes (tests/megatron_record.py: the rule, and tests/test_megatron_record.py: its check); the rest run
+# the same code on every Megatron-Core. Without the record (the target run alone) every module runs.
+MEGATRON_RECORD := .test-megatron-modules.tsv
 # The newest minor's slow part: the whole checkpoint modules and the pinned -> newest upgrade.
 NEWEST_CHECKPOINT_TESTS := tests/trainer/test_train.py tests/trainer/test_faults_checkpoint.py tests/trainer/test_megatron_upgrade.py \
 	tests/hf/test_hf_export_checkpoint.py \
@@ -34,7 +33,7 @@ NEWEST_CHECKPOINT_TESTS := tests/trainer/test_train.py tests/trainer/test_faults
 # OpenMPI (MPI data_prep tests) and SLURM + munge + PMIx (the real local cluster the launcher tests use).
 APT_PACKAGES := openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge libpmix-dev
 
-.PHONY: demo test test-newest-megatron test-megatron-matrix system-deps slurm-cluster slurm-two-nodes venv clean
+.PHONY: demo test test-newest-megatron test-megatron-matrix coverage system-deps slurm-cluster slurm-two-nodes venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -94,7 +93,7 @@ demo: $(VENV)/.installed-core
 TEST_WORKERS ?= 3
 PYTEST_WORKERS := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # Every phase of `make test` is timed (tests/ci_phases.py) and the table printed against the budget (docs/testing.md).
-TEST_BUDGET_MINUTES := 40
+TEST_BUDGET_MINUTES := 20
 PHASE_LOG := .test-phases.tsv
 PHASE := $(PYTHON) tests/ci_phases.py --log $(PHASE_LOG)
 
@@ -103,7 +102,8 @@ test:
 	@$(PHASE) start
 	@$(PHASE) run "install .venv and Debian packages" -- $(MAKE) --no-print-directory $(VENV)/.installed-test
 	@$(PHASE) run "start the local SLURM clusters" -- $(MAKE) --no-print-directory slurm-cluster slurm-two-nodes
-	@$(PHASE) run "whole suite, pinned megatron-core" -- \
+	@rm -f $(MEGATRON_RECORD)
+	@$(PHASE) run "whole suite, pinned megatron-core" -- env POSAUG_MEGATRON_RECORD=$(CURDIR)/$(MEGATRON_RECORD) \
 		$(BIN)/python -m pytest -q --durations=15 $(PYTEST_WORKERS)
 	@$(PHASE) run "install $(VENV_NEWEST)" -- $(MAKE) --no-print-directory $(VENV_NEWEST)/.installed
 	@$(PHASE) run "megatron-core $(MCORE_NEWEST): fast suite and checkpoint tests" -- \
@@ -114,7 +114,7 @@ test:
 
 test-newest-megatron: $(VENV_NEWEST)/.installed
 	$(BIN_NEWEST)/python -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_WORKERS) \
-		$(addprefix --ignore=,$(NEWEST_FAST_IGNORE))
+		--megatron-modules $(MEGATRON_RECORD)
 	$(BIN_NEWEST)/python -m pytest -q -m slow -p no:cacheprovider $(PYTEST_WORKERS) $(NEWEST_CHECKPOINT_TESTS)
 
 # MATRIX_TESTS on every minor of MCORE_MATRIX but the newest (test-newest-megatron covers it).
@@ -124,5 +124,9 @@ test-megatron-matrix: $(foreach version,$(filter-out $(MCORE_NEWEST),$(MCORE_MAT
 	  .venv-mcore-$$version/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) $(MATRIX_DESELECT) $(MATRIX_TESTS); \
 	done
 
+# Line coverage of the packages over the whole suite, subprocesses included (docs/testing.md keeps the table).
+coverage: $(VENV)/.installed-test
+	bash tests/coverage.sh
+
 clean:
-	rm -rf $(VENV) .venv-mcore-* demo_out $(PHASE_LOG)
+	rm -rf $(VENV) .venv-mcore-* demo_out $(PHASE_LOG) $(MEGATRON_RECORD) .coverage-data

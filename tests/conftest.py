@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import megatron_record
 import unit_times
 import zygote
 
@@ -37,8 +38,9 @@ def pytest_configure(config):
         assert ":" not in known.message + known.module, f"pytest filter fields are ':'-separated: {known.message}"
         config.addinivalue_line("filterwarnings", f"ignore:{known.message}:{known.category.__name__}:{known.module}")
     # `python -m pretrain ...` processes are forked from a pre-imported zygote (tests/zygote.py says how and when not)
-    if os.environ.get("POSAUG_ZYGOTE") != "0":
-        subprocess.Popen = zygote.ZygotePopen
+    subprocess.Popen = zygote.ZygotePopen
+    if os.environ.get(megatron_record.RECORD_ENV):  # the pinned phase notes which modules use Megatron-Core
+        megatron_record.install()
     global _unit_times
     if not hasattr(config, "workerinput"):  # an xdist worker has it; the controller receives every report
         _unit_times = unit_times.UnitTimes(_work_unit)
@@ -97,8 +99,50 @@ def pytest_xdist_make_scheduler(config, log):
     return ModulesAndClusters(config, log)
 
 
+def pytest_addoption(parser):
+    """--megatron-modules FILE: run only the test modules a pinned phase recorded as using Megatron-Core."""
+    parser.addoption("--megatron-modules", default=None, help="a record of tests/megatron_record.py: run only "
+                     "the modules it names (the newest megatron-core phase); all of them when the file is missing")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """Name the test module being imported (megatron_record: its module-level imports count for it)."""
+    if not isinstance(collector, pytest.Module):
+        return (yield)
+    os.environ[megatron_record.MODULE_ENV] = _module(collector.nodeid)
+    try:
+        return (yield)
+    finally:
+        os.environ.pop(megatron_record.MODULE_ENV, None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Name the test module running now, for this process and every process its tests start (megatron_record)."""
+    os.environ[megatron_record.MODULE_ENV] = _module(item.nodeid)
+    try:
+        return (yield)
+    finally:
+        os.environ.pop(megatron_record.MODULE_ENV, None)
+
+
+def _only_recorded_modules(config, items) -> None:
+    record = config.getoption("--megatron-modules")
+    if record is None:
+        return
+    if not Path(record).is_file():
+        print(f"\n--megatron-modules: no record at {record}; running every module")
+        return
+    keep = megatron_record.recorded_modules(Path(record))
+    deselected = [item for item in items if _module(item.nodeid) not in keep]
+    items[:] = [item for item in items if _module(item.nodeid) in keep]
+    config.hook.pytest_deselected(items=deselected)
+
+
 def pytest_collection_modifyitems(config, items):
     """Check CLUSTER_MODULES against the `cluster` marks and start the slowest work first."""
+    _only_recorded_modules(config, items)
     marked = {_module(item.nodeid) for item in items if item.get_closest_marker("cluster")}
     collected = {_module(item.nodeid) for item in items}
     if marked != CLUSTER_MODULES & collected:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent / "ci_phases.py"
+REPO = SCRIPT.parents[1]
 
 
 def phases(log: Path, *args: str) -> subprocess.CompletedProcess:
@@ -68,3 +69,9 @@ def test_a_record_written_before_the_busy_column_still_reports(tmp_path):
     log.write_text("old phase\t60.0\t0\t1.0\t1.0\n")
     row = phases(log, "report").stdout.splitlines()[1]
     assert row.split()[:2] == ["old", "phase"] and row.split()[-2:] == ["?", "ok"]
+
+
+def test_the_budget_is_20_minutes_in_the_makefile_and_in_docs_testing():
+    makefile = (REPO / "Makefile").read_text()
+    assert "TEST_BUDGET_MINUTES := 20\n" in makefile and "--budget-minutes $(TEST_BUDGET_MINUTES)" in makefile
+    assert "**Budget: 20 minutes on a quiet 2-core machine" in (REPO / "docs" / "testing.md").read_text()

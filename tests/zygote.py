@@ -38,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+import megatron_record
+
 ZYGOTE_MODULES = ("pretrain",)
 # Imported once by the server: what a training, an evaluation and an export import before their first step.
 PRELOAD = ("pretrain.tasks", "pretrain.plan.micro_batch", "pretrain.trainer.cli", "pretrain.trainer.loop",
@@ -50,6 +52,7 @@ IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA_", "LD_", "C
                    "TRITON", "TOKENIZERS_", "HF_", "TRANSFORMERS", "WANDB")
 MAX_SERVERS = 3
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_EXEC_POPEN = subprocess.Popen  # the servers themselves are exec'ed (conftest replaces subprocess.Popen)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -66,8 +69,8 @@ class Server:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.socket_path = f"/tmp/posaug-zygote-{os.getpid()}-{id(self)}.sock"
-        self.proc = subprocess.Popen([sys.executable, __file__, self.socket_path], env=env, cwd=Path(__file__).parents[1],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        self.proc = _EXEC_POPEN([sys.executable, __file__, self.socket_path], env=env, cwd=Path(__file__).parents[1],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         self.ready = self.proc.stdout.readline().strip() == "ready"
         if not self.ready:
             self.proc.wait()
@@ -120,8 +123,9 @@ def server_for(env: dict[str, str]) -> Server | None:
         if key not in _servers:
             if len(_servers) >= MAX_SERVERS:
                 return None
-            _servers[key] = Server({k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME_ENV)}
-                                   | dict(key))
+            env = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME_ENV)} | dict(key)
+            env.pop(megatron_record.MODULE_ENV, None)  # the server's own imports are no test's
+            _servers[key] = Server(env)
         server = _servers[key]
     return server if server.ready else None
 
@@ -144,6 +148,8 @@ class ZygotePopen(subprocess.Popen):
                                 umask, start_new_session, process_group)
         server = server_for(request["env"]) if request else None
         if server is None:
+            if megatron_record.exec_counts(args):
+                megatron_record.record("exec")
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                                           creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
                                           errwrite, restore_signals, gid, gids, uid, umask, start_new_session,
@@ -233,6 +239,8 @@ def _preload() -> tuple[dict[str, str], bytes] | None:
 def _serve(socket_path: str) -> tuple[dict, list[int], dict[str, str], bytes]:
     """Fork a process per request; returns only in such a process, with what it needs to become the command."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the server ends with the pytest process
+    if os.environ.get(megatron_record.RECORD_ENV):
+        megatron_record.install()  # inherited by every forked process, which records for its test
     preloaded = _preload()
     if preloaded is None:
         sys.exit(3)
