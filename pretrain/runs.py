@@ -114,6 +114,7 @@ def _without_status(problem: str, run_dir: Path, iteration: int, train_iters: in
 def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = STALE_AFTER_S) -> Run:
     """Size, method, seed, iteration and state of one run directory."""
     from pretrain.trainer import config as config_module
+    from pretrain.trainer.config_values import load_yaml_text
     from pretrain.trainer.checkpoint import latest_iteration
     from pretrain.trainer.metrics import read_status, status_problem
     from pretrain.trainer.run_commit import last_healthy
@@ -122,7 +123,7 @@ def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = 
     iteration = latest_iteration(run_dir) or 0
     status = read_status(run_dir)
     try:
-        config = config_module.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+        config = config_module.from_dict(load_yaml_text((run_dir / "config.yaml").read_text(), "config.yaml") or {})
     except (ValueError, TypeError, yaml.YAMLError) as error:
         return Run(run_dir, name, "?", "?", None, iteration, None, "failed", f"config.yaml unreadable: {error}")
     train_iters = config.train_iters()

@@ -14,7 +14,6 @@ and records the special-token ids, so `export-hf` of the run ships them bit for 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -42,7 +41,9 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     hf_dir = Path(hf_dir)
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        from pretrain.trainer.config_values import read_json
+
+        files = sorted(set(read_json(index, "safetensors index")["weight_map"].values()))
     elif (hf_dir / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
@@ -223,10 +224,12 @@ def import_hf(hf_dir: str | Path, output: str | Path, *, tensor_parallel: int = 
     check_apart(output, {"--hf": hf_dir})
     if not (hf_dir / "config.json").is_file():
         raise FileNotFoundError(f"{hf_dir}: no config.json (expected a Hugging Face model directory)")
+    from pretrain.trainer.config_values import read_json
+
     try:
-        hf_config = json.loads((hf_dir / "config.json").read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{hf_dir / 'config.json'} is not valid JSON ({error}); download it again") from None
+        hf_config = read_json(hf_dir / "config.json", "Hugging Face config")
+    except ValueError as error:
+        raise ValueError(f"{error}; download it again") from None
     if not isinstance(hf_config, dict):
         raise ValueError(f"{hf_dir / 'config.json'} holds a {type(hf_config).__name__}, not a config mapping")
     model_config = model_config_from_hf(hf_config, seq_length=seq_length)

@@ -21,7 +21,7 @@ from pretrain.table import model_preset
 from pretrain.trainer.config_ranges import check_range
 from pretrain.trainer.config_sections import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerSettings,
                                               ScheduleConfig, WandbConfig)
-from pretrain.trainer.config_values import coerce, parse_value, read_yaml
+from pretrain.trainer.config_values import coerce, parse_value, read_yaml, shown
 from pretrain.trainer.data import check_data_path, parse_blend, task_source
 from megatron_ext.positions import PositionConfig
 
@@ -194,15 +194,15 @@ def from_dict(raw: dict) -> TrainConfig:
                          f"{', '.join(TOP_LEVEL + tuple(SECTIONS))}")
     kwargs: dict[str, Any] = {k: raw[k] for k in TOP_LEVEL if k in raw}
     if "seed" in kwargs and (isinstance(kwargs["seed"], bool) or not isinstance(kwargs["seed"], int)):
-        raise ValueError(f"seed must be an integer, got {kwargs['seed']!r}")
+        raise ValueError(f"seed must be an integer, got {shown(kwargs['seed'])}")
     for key in ("name", "preset"):
         if kwargs.get(key) is not None and not isinstance(kwargs[key], str):
-            raise ValueError(f"{key} must be a string, got {kwargs[key]!r}")
+            raise ValueError(f"{key} must be a string, got {shown(kwargs[key])}")
     check_range("seed", kwargs.get("seed"))
     for section, cls in SECTIONS.items():
         if not isinstance(raw.get(section) or {}, dict):
             raise ValueError(f"config section '{section}' must be a mapping of <field>: <value> lines, got "
-                             f"{raw[section]!r}")
+                             f"{shown(raw[section])}")
         values = dict(raw.get(section) or {})
         names = {f.name for f in dataclasses.fields(cls)}
         bad = set(values) - names
@@ -213,6 +213,8 @@ def from_dict(raw: dict) -> TrainConfig:
                   ((f.name, f) for f in dataclasses.fields(cls)) if name in values}
         for name, value in values.items():
             check_range(f"{section}.{name}", value)
+        if section == "data" and isinstance(values.get("data_path"), list):
+            parse_blend(values["data_path"])  # a flat [weight, prefix, ...] list, refused in one line otherwise
         if section == "model" and raw.get("preset"):
             kwargs[section] = model_preset(raw["preset"], **values)
         else:

@@ -1,14 +1,34 @@
 """Config text to values: YAML files (duplicate keys and syntax errors named by file and line), `--set` values, and
-each value checked against its field's annotation. Knows nothing of the config's sections."""
+each value checked against its field's annotation. Knows nothing of the config's sections.
+
+A config is as untrusted as a corpus (a shared config repository, a copied YAML), and the launchers read it on a
+login node: every YAML or JSON document a user hands us is read within bounds (MAX_DOCUMENT_BYTES, MAX_NESTING and
+MAX_VALUES counted with aliases expanded, so a 465-byte "billion laughs" is refused in milliseconds, not grown to
+gigabytes), and a rejected value is shown cut to a few hundred characters (`shown`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import reprlib
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+MAX_DOCUMENT_BYTES = 1 << 20  # a config is a few kB; an HF config.json tens of kB
+MAX_JSON_BYTES = 64 << 20  # a safetensors index of a large checkpoint is a few MB
+MAX_NESTING = 32  # a config nests 3 levels (logging.wandb.project)
+MAX_VALUES = 100_000  # values of a document once its aliases are expanded
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxlevel = 120, 120, 6, 6, 3
+
+
+def shown(value: Any) -> str:
+    """A value for an error message: its repr cut to a few hundred characters (never built in full)."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 _NULLS = ("", "null", "Null", "NULL", "~")
@@ -50,7 +70,7 @@ def parse_value(key: str, annotation: Any, text: str) -> Any:
         return text
     if any(k not in _TYPE_NAMES for k in kinds) and stripped.startswith("{"):  # a nested section
         return _parse_mapping(key, stripped)
-    raise ValueError(f"{key} must be {_wanted(kinds)}, got {text!r} (--set {key}=...)")
+    raise ValueError(f"{key} must be {_wanted(kinds)}, got {shown(text)} (--set {key}=...)")
 
 
 def _parse_number(text: str) -> int | float | None:
@@ -68,16 +88,16 @@ def _parse_list(key: str, annotation: Any, text: str) -> list:
     they read as one, else strings, as Megatron's --data-path blend [weight, prefix, ...])."""
     inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     if text.startswith("[") != text.endswith("]"):
-        raise ValueError(f"{key} must be a list written [a, b, ...] or a,b,..., got {text!r} (--set {key}=...)")
+        raise ValueError(f"{key} must be a list written [a, b, ...] or a,b,..., got {shown(text)} (--set {key}=...)")
     items = [item.strip() for item in inner.split(",")] if inner.strip() else []
     if any(not item for item in items):
-        raise ValueError(f"{key}: an empty element in the list {text!r} (--set {key}=...)")
+        raise ValueError(f"{key}: an empty element in the list {shown(text)} (--set {key}=...)")
     numbers_only = "float" in str(annotation) or "int" in str(annotation)
     out: list = []
     for item in items:
         number = _parse_number(item)
         if number is None and numbers_only:
-            raise ValueError(f"{key} must be a list of numbers, got {item!r} in {text!r} (--set {key}=...)")
+            raise ValueError(f"{key} must be a list of numbers, got {shown(item)} in {shown(text)} (--set {key}=...)")
         out.append(item.strip("'\"") if number is None else number)
     return out
 
@@ -85,11 +105,11 @@ def _parse_list(key: str, annotation: Any, text: str) -> list:
 def _parse_mapping(key: str, text: str) -> dict:
     """A YAML flow mapping `{project: x, mode: offline}` for a nested section."""
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml_text(text, f"--set {key}")
     except yaml.YAMLError:
         value = None
     if not isinstance(value, dict):
-        raise ValueError(f"{key} must be a mapping written {{field: value, ...}}, got {text!r} (--set {key}=...)")
+        raise ValueError(f"{key} must be a mapping written {{field: value, ...}}, got {shown(text)} (--set {key}=...)")
     return value
 
 
@@ -131,7 +151,7 @@ def coerce(section: str, spec: dataclasses.Field, value: Any) -> Any:
     else:
         ok = False
     if not ok:
-        got = "nothing (an empty value)" if value is None else f"{value!r} ({type(value).__name__})"
+        got = "nothing (an empty value)" if value is None else f"{shown(value)} ({type(value).__name__})"
         raise ValueError(f"{section}.{spec.name} must be {_wanted(kinds)}, got {got}")
     return value
 
@@ -145,15 +165,80 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"{key!r} is given twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
+                    None, None, f"{shown(key)} is given twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
+
+
+def _check_bounds(node: yaml.Node, source: str) -> None:
+    """ValueError unless the document, its aliases expanded, nests at most MAX_NESTING deep and holds at most
+    MAX_VALUES values (walked with a stack that stops at the first bound, so a bomb costs MAX_VALUES steps)."""
+    stack, count = [(node, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ValueError(f"{source}: more than {MAX_VALUES} values once its aliases are expanded (aliases that "
+                             "multiply, a 'billion laughs'); write the values out")
+        if depth > MAX_NESTING:
+            raise ValueError(f"{source}: nested deeper than {MAX_NESTING} levels; a config nests a few")
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((child, depth + 1) for pair in node.value for child in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    """One YAML document read within the bounds above (duplicate keys refused); ValueError naming `source`."""
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"{source} is {len(text)} characters, more than a config's {MAX_DOCUMENT_BYTES}; "
+                         "is it the right file?")
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_bounds(node, source)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ValueError(f"{source}: nested deeper than {MAX_NESTING} levels; a config nests a few") from None
+    finally:
+        loader.dispose()
+
+
+def read_json(path: Path, what: str) -> Any:
+    """A JSON file a user hands us (an HF config.json, an index) read within bounds; ValueError naming it."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise ValueError(f"{what} {path} is {size} bytes, more than {MAX_JSON_BYTES}; is it the right file?")
+    try:
+        value = json.loads(path.read_text())
+    except RecursionError:
+        raise ValueError(f"{what} {path}: nested too deep to be a {what}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{what} {path} is not valid JSON ({shown(str(error))})") from None
+    _check_json_nesting(value, f"{what} {path}")
+    return value
+
+
+def _check_json_nesting(value: Any, source: str) -> None:
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise ValueError(f"{source}: nested deeper than {MAX_NESTING} levels")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children)
 
 
 def read_yaml(path: Path) -> Any:
     """A YAML file's content; a syntax error or a duplicate key is one ValueError naming the file and line."""
     try:
-        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        size = path.stat().st_size
+        if size > MAX_DOCUMENT_BYTES:
+            raise ValueError(f"config file {path} is {size} bytes, more than a config's {MAX_DOCUMENT_BYTES}; "
+                             "is it the right file?")
+        return load_yaml_text(path.read_text(), f"config file {path}")
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 
 import torch
 
+from pretrain.trainer.config_values import shown
 from pretrain.trainer.data_checks import DataError  # noqa: F401 (re-exported)
 from pretrain.trainer.task_data import TaskDataSource, register_task_source, task_source  # noqa: F401 (re-exported)
 
@@ -68,10 +69,13 @@ def parse_blend(data_path: str | list) -> list[tuple[float, str]]:
     if isinstance(data_path, str):
         return [(1.0, data_path)]
     items = list(data_path)
+    if any(isinstance(item, (list, tuple, dict)) for item in items):
+        raise ValueError(f"data.data_path must be a data_prep prefix or a flat list [weight, prefix, ...], got a "
+                         f"nested list {shown(data_path)}")
     if len(items) == 1 and isinstance(items[0], str):
         return [(1.0, items[0])]
     if not items or len(items) % 2:
-        raise ValueError(f"data.data_path={data_path!r}: a blend alternates weights and data_prep prefixes, "
+        raise ValueError(f"data.data_path={shown(data_path)}: a blend alternates weights and data_prep prefixes, "
                          "e.g. [0.7, data/web, 0.3, data/code]")
     parts = []
     for raw_weight, prefix in zip(items[::2], items[1::2]):
@@ -80,7 +84,7 @@ def parse_blend(data_path: str | list) -> list[tuple[float, str]]:
         except (TypeError, ValueError):
             weight = float("nan")
         if not 0 < weight < float("inf") or not isinstance(prefix, str):
-            raise ValueError(f"data.data_path: blend entry ({raw_weight!r}, {prefix!r}) needs a positive weight "
+            raise ValueError(f"data.data_path: blend entry ({shown(raw_weight)}, {shown(prefix)}) needs a positive weight "
                              "followed by a data_prep prefix, e.g. [0.7, data/web, 0.3, data/code]")
         parts.append((weight, prefix))
     return parts
