@@ -12,13 +12,20 @@ from data_prep.overlap import check_apart
 from data_prep.units import FORMATS, NORMALIZE_RULES
 
 
-class _Renamed(argparse.Action):
-    """A deprecated alias: stores into the new flag's dest and says, once, which flag to write instead."""
+RENAMED = {"--output-prefix": "--data-prefix"}  # old name -> flag (manifests written before it print the old one)
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        new = "--" + self.dest.replace("_", "-")
-        print(f"data_prep: warning: {option_string} is deprecated: write {new} (the same value)", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+
+def _renamed(argv: list[str]) -> list[str]:
+    """argv with each deprecated flag written as its new name, saying so once (before parsing, so that argparse
+    requires the new flag whichever name gave it)."""
+    out = []
+    for arg in argv:
+        old, eq, value = arg.partition("=")
+        if old in RENAMED:
+            print(f"data_prep: warning: {old} is deprecated: write {RENAMED[old]} (the same value)", file=sys.stderr)
+            arg = RENAMED[old] + eq + value
+        out.append(arg)
+    return out
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -28,11 +35,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="tokenise a corpus into Megatron .bin/.idx shards")
     b.add_argument("--input", action="append", required=True, help="file or directory (repeatable)")
     b.add_argument("--tokenizer", required=True, help="tokenizer.json, dir with vocab.json+merges.txt, or .model")
-    b.add_argument("--data-prefix", help="OUT/name -> OUT/name_00000_text_document.bin ... (required); the name "
-                   "the trainer (data.data_path), the launchers (DATA_PREFIX) and reproduce --slurm give it too")
-    # the old name still works, with a warning: manifests written before the rename print it in their
-    # rebuild command
-    b.add_argument("--output-prefix", dest="data_prefix", action=_Renamed, help=argparse.SUPPRESS)
+    b.add_argument("--data-prefix", required=True,
+                   help="OUT/name -> OUT/name_00000_text_document.bin ...; the name the trainer (data.data_path), "
+                   "the launchers (DATA_PREFIX) and reproduce --slurm give it too")
     b.add_argument("--num-shards", type=int, default=1, help="training shards to write")
     g = b.add_mutually_exclusive_group()
     g.add_argument("--valid-fraction", type=float, default=None,
@@ -92,9 +97,7 @@ _ELSEWHERE = {"elsewhere": "pass an --output on a larger disk", "then": "rerun t
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one command; returns the process exit code."""
     parser = _build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "build" and args.data_prefix is None:  # not required=True: the alias may give it
-        parser.error("the following arguments are required: --data-prefix")
+    args = parser.parse_args(_renamed(sys.argv[1:] if argv is None else list(argv)))
     try:
         if args.command == "build":
             from data_prep.pipeline import BuildConfig, build

@@ -107,6 +107,15 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
+def existing_input(text: str) -> str:
+    """An input path that exists, checked at parsing so that a command refuses it before writing anything."""
+    from pathlib import Path
+
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist: give a JSONL or text file, or a directory of them")
+    return text
+
+
 def add_seeds(parser: argparse.ArgumentParser, default_count: int | None = 1) -> None:
     """`--seeds 42,137` (values) and `--num-seeds N` (a count), mutually exclusive."""
     group = parser.add_mutually_exclusive_group()

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator, Union
 
 # A full disk, an exhausted quota and a file-size limit (RLIMIT_FSIZE with SIGXFSZ ignored) all
@@ -20,7 +21,8 @@ from typing import Callable, Iterator, Union
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
 _REMOVED = {errno.ENOENT, errno.ESTALE}
-WRITE_FAULTS = frozenset(_NO_SPACE | _NOT_WRITABLE | _REMOVED)
+_TOO_LONG = {errno.ENAMETOOLONG}
+WRITE_FAULTS = frozenset(_NO_SPACE | _NOT_WRITABLE | _REMOVED | _TOO_LONG)
 # a block that also reads inputs: a missing file there is a missing input, not a removed output
 FULL_OR_READ_ONLY = frozenset(_NO_SPACE | _NOT_WRITABLE)
 # "[Errno 28]" from Python, "(os error 28)" / "Os { code: 28" from Rust libraries (safetensors, tokenizers)
@@ -141,6 +143,10 @@ def output_error(code: int, path: str | os.PathLike, *, what: str = "", needed: 
         return OutputSpaceError(
             f"{prefix}: {os.strerror(code)} while writing{f' ({space})' if space else ''}{done}; fix: free space in "
             f"{existing_parent(where)} (or raise the quota / file-size limit), or {elsewhere}, then {then}", code)
+    if code in _TOO_LONG:
+        longest = max(Path(path).parts, key=lambda part: len(os.fsencode(part)), default="")
+        return OutputError(f"{prefix[:200]}: a name in the path is {len(os.fsencode(longest))} bytes, longer than the "
+                           f"filesystem allows (255){done}; fix: shorten it, or {elsewhere}, then {then}", code)
     if code in _NOT_WRITABLE:
         return OutputError(f"{prefix}: {os.strerror(code)} while writing{done}; fix: make {existing_parent(where)} "
                            f"writable (remount it read-write, or fix its permissions), or {elsewhere}, then {then}",

@@ -103,24 +103,14 @@ def peak_bytes(shape: Shape, length: int, batch: int, num_spans: int, backend: s
 
 
 def available_bytes(device: str) -> int:
-    """Memory eval may use: the GPU's free memory on CUDA, else MemAvailable (and a cgroup's limit, if lower)."""
+    """Memory eval may use: the GPU's free memory on CUDA, else the host's available memory (trainer's reader)."""
     if str(device).startswith("cuda"):
         import torch
 
         return torch.cuda.mem_get_info(torch.device(device))[0]
-    free = None
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                free = int(line.split()[1]) * 1024
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit != "max":
-            free = min(free if free is not None else int(limit), int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    return free if free is not None else 2**63
+    from pretrain.trainer.micro_batch import host_available_bytes
+
+    return host_available_bytes()
 
 
 def entropy_bytes(shape: Shape, length: int, num_spans: int, backend: str) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from pretrain.faults import OutputError, write_text_atomic
-from pretrain.cli import Parser, add_seeds, seeds_of
+from pretrain.cli import Parser, add_seeds, existing_input, seeds_of
 from pretrain.experiments.presets import PRESETS, Preset
 from pretrain.trainer import config as config_module
 
@@ -168,7 +168,8 @@ def main(argv: list[str]) -> int:
     """CLI of `python -m pretrain reproduce --suite documents`."""
     parser = Parser(prog="python -m pretrain reproduce --suite documents", description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="reproduce_documents_out", help="working and report directory (resumable)")
-    parser.add_argument("--input", dest="corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
+    parser.add_argument("--input", dest="corpus", default=None, type=existing_input,
+                   help="a JSONL/text corpus instead of the embedded one")
     parser.add_deprecated("--corpus", "corpus", "--input")
     parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
     parser.add_argument("--train-tokens", type=int, default=None,

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.cli import Parser, add_seeds, add_set, seeds_of, unknown_choice
+from pretrain.cli import Parser, add_seeds, add_set, existing_input, seeds_of, unknown_choice
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,8 @@ def lm_parser() -> Parser:
                            "one training run per (method, seed) -> evaluation at 8x the window -> report.md")
     add_mode_flags(p)
     p.add_argument("--output", default="reproduce_out", help="working and report directory (resumable)")
-    p.add_argument("--input", dest="corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
+    p.add_argument("--input", dest="corpus", default=None, type=existing_input,
+                   help="a JSONL/text corpus instead of the embedded one")
     p.add_deprecated("--corpus", "corpus", "--input")
     p.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS), help="scale of the runs")
     add_seeds(p)
@@ -93,7 +94,8 @@ def ablations_parser() -> Parser:
     parser.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
     parser.add_argument("--tables", type=_tables, default=sorted(TABLES), help="e.g. 5,6,11 (default: all, 5–11)")
     add_seeds(parser)
-    parser.add_argument("--input", dest="corpus", default=None, help="a JSONL/text corpus instead of the embedded one")
+    parser.add_argument("--input", dest="corpus", default=None, type=existing_input,
+                   help="a JSONL/text corpus instead of the embedded one")
     parser.add_deprecated("--corpus", "corpus", "--input")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="runs trained side by side, each with cores/jobs threads (default: cores)")

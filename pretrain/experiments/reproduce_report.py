@@ -52,10 +52,7 @@ contiguous spans of {L} tokens (8w) at offsets 0, L, 2L, … of the validation s
 one full-context pass per span at the model's evaluation positions. In-distribution = target positions
 {preset.in_dist_start}–{w}, beyond the window = positions > {w}; cliff = difference. Mean ± sd over seeds.
 The paired cliff reduction compares each method with the baseline of the same seed span by span
-(same tokens), and reports its standard error over spans. G(C) is the exact context gain
-(every target sees exactly its {preset.gain_window} predecessors, window = w/4 as the paper's 512 = 2048/4)
-at C = 2w, 4w, 8w, on the first {preset.gain_spans} spans.
-Inference-time rows apply PI / NTK-aware / YaRN (s = L/w, default settings) to the baseline.
+(same tokens), and reports its standard error over spans.{_gain_and_inference(preset, order)}
 
 {chr(10).join(lines)}
 
@@ -121,3 +118,15 @@ def _plot_bars(summary: dict, order: list[str], path: Path) -> Path:
     return path
 
 
+def _gain_and_inference(preset, order: list[str]) -> str:
+    """The paragraph's sentences on G(C) and the inference-time rows, only where the report has them."""
+    text = ""
+    if preset.gain_spans:
+        text += (f" G(C) is the exact context gain (every target sees exactly its {preset.gain_window} predecessors, "
+                 f"window = w/4 as the paper's 512 = 2048/4) at C = 2w, 4w, 8w, on the first {preset.gain_spans} "
+                 "spans.")
+    inference = [m for m in order if m in preset.inference]
+    if inference:
+        text += (f" Inference-time rows ({', '.join(inference)}) rescale the baseline's RoPE (s = L/w, default "
+                 "settings).")
+    return text

@@ -10,6 +10,7 @@ Everything is validated here, before any process group exists.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,22 @@ def from_dict(raw: dict) -> TrainConfig:
             kwargs[section] = model_preset(raw["preset"], **values)
         else:
             kwargs[section] = cls(**values)
-    return TrainConfig(**kwargs)
+    config = TrainConfig(**kwargs)
+    check_run_dir_name(config)
+    return config
+
+
+NAME_MAX = 255  # bytes of one path component on Linux filesystems
+
+
+def check_run_dir_name(config: TrainConfig) -> None:
+    """ValueError (one line, the fix) when a component of the run directory is longer than a filesystem allows."""
+    for part in config.run_dir.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            field_name = "checkpoint.save" if config.checkpoint.save else "name"
+            raise ValueError(f"{field_name} makes a run directory name of {size} bytes ({shown(part)}); a filesystem "
+                             f"allows {NAME_MAX}: shorten {field_name}")
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

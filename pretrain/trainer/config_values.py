@@ -165,7 +165,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"{shown(key)} is given twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
+                    None, None, f"{shown(key)} is given twice (first on line {seen[key] + 1}); keep one",
+                    key_node.start_mark)
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 

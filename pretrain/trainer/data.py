@@ -84,8 +84,8 @@ def parse_blend(data_path: str | list) -> list[tuple[float, str]]:
         except (TypeError, ValueError):
             weight = float("nan")
         if not 0 < weight < float("inf") or not isinstance(prefix, str):
-            raise ValueError(f"data.data_path: blend entry ({shown(raw_weight)}, {shown(prefix)}) needs a positive weight "
-                             "followed by a data_prep prefix, e.g. [0.7, data/web, 0.3, data/code]")
+            raise ValueError(f"data.data_path: blend entry ({shown(raw_weight)}, {shown(prefix)}) needs a positive "
+                             "weight followed by a data_prep prefix, e.g. [0.7, data/web, 0.3, data/code]")
         parts.append((weight, prefix))
     return parts
 

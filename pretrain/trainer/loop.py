@@ -60,6 +60,16 @@ class StopSignal:
         return bool(flag.item())
 
 
+def closing_line(config: TrainConfig, run_dir: Path, iteration: int) -> str:
+    """Where a finished run's checkpoint is, and the commands that read it next."""
+    from pretrain.trainer.data import parse_blend
+
+    data = "" if config.data.synthetic or not config.data.data_path else \
+        f" --data {parse_blend(config.data.data_path)[0][1]}"
+    return (f"done: the last checkpoint is {run_dir / f'iter_{iteration:07d}'}; next: python -m pretrain eval run "
+            f"{run_dir}{data}  |  python -m pretrain export-hf {run_dir} --output hf/{run_dir.name}")
+
+
 def train(config: TrainConfig) -> int:
     """Run (or resume) training; returns the process exit code (REQUEUE_EXIT_CODE after a signal)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -273,6 +283,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
         else:
             if start >= total_iters:
                 metrics.console(f"nothing to do: checkpoint is at iteration {start} of {total_iters}")
+            metrics.console(closing_line(config, run_dir, max(start, total_iters)))
     finally:
         if prefetch:
             prefetch.close()

@@ -100,3 +100,13 @@ def test_an_hf_config_json_nested_too_deep_is_one_line(tmp_path):
     path.write_text(json.dumps({"a": nested}))
     with pytest.raises(ValueError, match="nested deeper"):
         read_json(path, "Hugging Face config")
+
+
+@pytest.mark.parametrize("field", ["name", "checkpoint.save"])
+def test_a_run_directory_name_longer_than_a_filesystem_allows_is_one_line(tmp_path, field):
+    value = "n" * 300 if field == "name" else str(tmp_path / ("d" * 300))
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--set", "preset=tiny", "data.synthetic=true",
+                           "schedule.train_iters=1", f"{field}={value}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    line = one_error_line(proc)
+    assert "300 bytes" in line and f"shorten {field}" in line and len(line) < 400

@@ -50,3 +50,16 @@ def test_training_with_auto_logs_the_chosen_micro_batch(tmp_path):
     proc = run_train([*AUTO, f"checkpoint.save={tmp_path}"])
     assert "schedule.micro_batch_size=auto: 8 (plan: peak" in proc.stdout  # the host's RAM holds a tiny batch
     assert "micro-batch 8" in proc.stdout
+
+
+def test_auto_on_cpu_sizes_against_the_memory_available_now_not_the_hosts_total(tmp_path, monkeypatch):
+    peaks = {m: planned_peak(m) for m in (1, 2, 4)}
+    free_kib = int((peaks[1] + peaks[2]) / 2) // 1024  # room for a micro-batch of 1, not 2
+    (tmp_path / "meminfo").write_text(f"MemTotal:       {1 << 40} kB\nMemAvailable:   {free_kib} kB\n")
+    monkeypatch.setattr(micro_batch, "MEMINFO", str(tmp_path / "meminfo"))
+    monkeypatch.setattr(micro_batch, "CGROUP", str(tmp_path / "no-cgroup"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    config = config_module.load(None, AUTO)
+    line = micro_batch.resolve(config, 1)
+    assert config.schedule.micro_batch_size == 1
+    assert "GiB available of" in line and "host memory" in line
