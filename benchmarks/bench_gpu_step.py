@@ -57,7 +57,7 @@ VARIANTS: dict[str, dict[str, str]] = {
 ALL_TOGETHER = "all together"  # every available switch of the rows above at once
 CUDA_ONLY = {"model.rope_kernel"}  # Triton's kernels run on a CPU only under its interpreter (tested elsewhere)
 
-# what the H200 leases ran (benchmarks/README.md "On a GPU"): local layers + SDPA, bf16, the distributed optimizer
+# what the H200 leases ran (benchmarks/results/gpu_h200_notes.md): local layers + SDPA, bf16, the distributed optimizer
 _GPU = ["model.transformer_impl=local", "model.bf16=true", "parallel.use_distributed_optimizer=true",
         "schedule.global_batch_size=128"]
 PRESETS: dict[str, tuple[str | None, list[str]]] = {

@@ -12,7 +12,7 @@ The other modes that grow with length are estimated from the same terms (`reques
 --lengths pass at its largest C, passkey / needle as one sequence of the prompt and answer per pass, the attention
 entropy with its L x L probabilities. Under backend "auto" the estimate is the one of the scorer auto picks
 (scorer_loading.resolve_backend: the Megatron model for SSMax or NoPE-interleaved runs, whose L x L term dominates).
-benchmarks/README.md ("Eval peak memory: estimate vs measured") records measured / estimated on CPU.
+benchmarks/results/eval_memory_notes.md ("Estimate vs measured") records measured / estimated on CPU.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Callable
 
 FLOAT = 4  # bytes: evaluation runs in float32
 TOKEN = 8  # bytes: int64 token ids
-# What the terms below leave out, from CPU measurements (benchmarks/README.md, "Eval peak memory: estimate vs
+# What the terms below leave out, from CPU measurements (benchmarks/results/eval_memory_notes.md, "Estimate vs
 # measured", tiny model at 16k-98k tokens): the activation terms as derived account for ~0.71 of the measured
 # growth per token (the rest: elementwise temporaries, RMSNorm's float copies, allocator slack), and the growth
 # has a ~100 MiB intercept (libraries initialised while the model loads, the evaluation stream read into memory).

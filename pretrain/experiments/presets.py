@@ -66,7 +66,7 @@ PRESETS = {
                        valid_fraction=0.15, gain_spans=10),
     # The paper's 10m model at w = 2048 on one GPU, the paper's 500M tokens, eval at 16K (8w); bf16 and the local
     # layers come from --set (benchmarks/gpu_lease.py). ~9.3 min per run measured on an H200 without Transformer
-    # Engine (benchmarks/README.md "On a GPU"; `plan` now assumes that measured MFU); the embedded corpus's 4096-token
+    # Engine (benchmarks/results/gpu_h200_notes.md; `plan` now assumes that measured MFU); the embedded corpus's 4096-token
     # vocabulary, so pass --input for real text.
     "gpu-10m": Preset(model="10m", window=2048, vocab_size=4096, train_tokens=500_000_000,
                       global_batch_size=128, micro_batch_size=16, lr=6e-4, eval_length=EXTRAPOLATION * 2048,

@@ -2,7 +2,7 @@
 
 The real files cannot be downloaded where this project is tested, so each family's layout is
 reproduced with `tokenizers` itself on a small training text. What each reproduces, and what
-stays unverified without the real file, is listed in benchmarks/README.md ("Tokenizers").
+stays unverified without the real file, is listed in benchmarks/results/data_prep_tokenizers_notes.md ("What the test tokenizer files reproduce").
 
 - gpt2: ByteLevel with GPT-2's regex, all 256 byte tokens, <|endoftext|> and <|padding|> special.
 - neox: GPT-NeoX-20B's file (Pythia uses the same one): NFC; ids 0/1 <|endoftext|>/<|padding|>,
