@@ -261,6 +261,7 @@ def _serve(socket_path: str) -> tuple[dict, list[int], dict[str, str], bytes]:
         request, fds = _receive(conn)
         sys.stdout.flush()
         sys.stderr.flush()
+        request["helper"] = os.getpid()
         pid = os.fork()
         if pid == 0:
             conn.close()
@@ -274,8 +275,7 @@ def _become(request: dict, fds: list[int], added_env: dict[str, str], fresh_rng:
     """Turn this forked process into `python -m <module> <argv>` as exec would have started it."""
     import io
 
-    helper = os.getppid()
-    while os.getppid() == helper:  # start once re-parented: getppid() is the test's, as for an exec'ed child
+    while os.getppid() == request["helper"]:  # start once re-parented: getppid() is the test's, as when exec'ed
         time.sleep(0.0005)
     if request["new_session"]:
         os.setsid()
