@@ -114,7 +114,7 @@ test:
 
 test-newest-megatron: $(VENV_NEWEST)/.installed
 	$(BIN_NEWEST)/python -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_WORKERS) \
-		--megatron-modules $(MEGATRON_RECORD)
+		--megatron-modules=$(MEGATRON_RECORD) tests
 	$(BIN_NEWEST)/python -m pytest -q -m slow -p no:cacheprovider $(PYTEST_WORKERS) $(NEWEST_CHECKPOINT_TESTS)
 
 # MATRIX_TESTS on every minor of MCORE_MATRIX but the newest (test-newest-megatron covers it).
