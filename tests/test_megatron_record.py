@@ -38,6 +38,16 @@ MODULES = {
         def test_math():
             assert strategies and torch.arange(3).sum() == 3
     """,
+    "test_a_forked_training.py": """
+        import os, subprocess, sys
+        def test_train(tmp_path):
+            env = dict(os.environ, PYTHONPATH=os.environ["REPO"], CUDA_VISIBLE_DEVICES="")
+            argv = ["preset=tiny", "data.synthetic=true", "schedule.train_iters=1", "model.vocab_size=512",
+                    "schedule.global_batch_size=8", "schedule.micro_batch_size=2", "optimizer.lr_warmup_iters=0",
+                    f"checkpoint.save={tmp_path / 'run'}"]
+            proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--set", *argv], env=env)
+            assert proc.returncode == 0
+    """,
     "test_a_forked_cli_that_stops_before_megatron.py": """
         import os, subprocess, sys
         def test_unknown_command():
@@ -74,6 +84,11 @@ def test_a_module_importing_megatron_directly_or_through_our_module_is_recorded(
 
 def test_a_module_that_execs_a_process_is_recorded(record):
     assert "test_execs_a_process.py" in megatron_record.recorded_modules(record[0])
+
+
+def test_a_training_forked_from_the_zygote_is_recorded_by_the_imports_it_executes(record):
+    lines = [line.split("\t") for line in record[0].read_text().splitlines()]
+    assert any(module == "test_a_forked_training.py" and not reason.startswith("exec") for module, reason in lines)
 
 
 def test_modules_that_run_no_megatron_code_are_not_recorded(record):
