@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -16,8 +17,6 @@ def runnable_here(model_config, path: str | Path):
     A kernel choice is not part of a checkpoint's identity: the weights are the same whichever kernel trained them
     (resume_check.MAY_CHANGE), so a run trained with the fused Triton RoPE kernel on a GPU is read on a CPU node
     with the unfused one."""
-    import dataclasses
-
     from megatron_ext.rope_attention import chosen_rope_kernel
 
     if model_config.rope_kernel != "triton":
@@ -33,8 +32,6 @@ def runnable_here(model_config, path: str | Path):
 
 def load_for_inference(path: str | Path):
     """(model in eval mode, TrainConfig) from a checkpoint, on this process alone (TP=PP=1, CPU or GPU)."""
-    import dataclasses
-
     from megatron_ext.model import ParallelConfig, build_model
     from pretrain.trainer import config as config_module
     from pretrain.trainer import distributed
