@@ -23,7 +23,7 @@ from pretrain.experiments.ablation_tables import PRESETS, ROWS, SHAPES, row_pres
 from pretrain.experiments.presets import Preset
 from pretrain.experiments.reproduce import prepare_data, train_config
 from pretrain.table import SIZES
-from pretrain.tasks.suite import INVOCATIONS, record_invocation
+from pretrain.tasks.suite import INVOCATIONS, invocation_id, record_invocation
 from pretrain.trainer import config as config_module
 from pretrain.trainer.run_pool import load_average, machine, train_in_processes
 
@@ -154,7 +154,7 @@ def run_suite(out: Path, preset: Preset, preset_name: str, tables: list[int], se
     """Train, evaluate and report, one (seed, table) block at a time; the report is rewritten after each."""
     from pretrain.experiments.ablations_report import write_report
 
-    started, load_start = time.time(), load_average()
+    started, load_start, invocation = time.time(), load_average(), invocation_id()
     out.mkdir(parents=True, exist_ok=True)
     before = set((out / "timing").glob("*.json")) if (out / "timing").is_dir() else set()
     data_prefix = None if report_only else prepare_data(out, preset, corpus)
@@ -173,7 +173,7 @@ def run_suite(out: Path, preset: Preset, preset_name: str, tables: list[int], se
                 for record in evaluate_runs(out, preset, runs, seed, data_prefix):
                     records[record["run"]] = record
                 record_invocation(out, {
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+                    "invocation": invocation, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
                     "wall_s": time.time() - started, "jobs": jobs, "load_start": load_start, "load_end": load_average(),
                     "runs_trained": len(set((out / "timing").glob("*.json")) - before - {out / "timing" / INVOCATIONS}),
                     "seeds": seeds, "tables": tables, "machine": machine()})

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from pretrain.faults import write_text_atomic
@@ -206,15 +207,21 @@ def timings(out: Path, runs: dict[tuple[str, str, int], Path], records: list[dic
 INVOCATIONS = "invocations.json"  # under timing/: one record per training invocation on the output directory
 
 
+def invocation_id() -> str:
+    """A key no other invocation on the same output directory shares (start times repeat within a second)."""
+    return uuid.uuid4().hex
+
+
 def record_invocation(out: Path, record: dict) -> list[dict]:
-    """Add or update (same "started") this invocation's record in timing/invocations.json; returns all records.
+    """Add or update (same "invocation" id) this invocation's record in timing/invocations.json; returns all records.
 
     A resumable suite may be split across invocations, so the report sums their wall times instead of
-    showing only the last one's.
+    showing only the last one's. The key is an id, not the start time: an invocation with nothing to do ends
+    within the second, so the next one can start in the second it started.
     """
     path = out / "timing" / INVOCATIONS
     records = json.loads(path.read_text()) if path.is_file() else []
-    records = [r for r in records if r["started"] != record["started"]] + [record]
+    records = [r for r in records if r.get("invocation") != record["invocation"]] + [record]
     write_text_atomic(path, json.dumps(records, indent=1), what="the suite's invocation timings")
     return records
 
@@ -234,7 +241,7 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
 
     from pretrain.tasks.report import write_report
 
-    started, load_start = time.time(), load_average()
+    started, load_start, invocation = time.time(), load_average(), invocation_id()
     out.mkdir(parents=True, exist_ok=True)
     timed_before = _timed_runs(out)
     invocations = json.loads(path.read_text()) if (path := out / "timing" / INVOCATIONS).is_file() else []
@@ -258,7 +265,7 @@ def run_suite(out: Path, preset: SuitePreset, seeds: list[int], preset_name: str
                       "load_start": load_start, "load_end": load_average(), "report_only": report_only}
             if not report_only:
                 invocations = record_invocation(out, {
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+                    "invocation": invocation, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
                     "wall_s": timing["wall_s"], "jobs": jobs, "load_start": load_start, "load_end": timing["load_end"],
                     "runs_trained": len(_timed_runs(out) - timed_before), "seeds": seeds, "tasks": list(preset.tasks),
                     "machine": machine()})

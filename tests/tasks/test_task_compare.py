@@ -111,10 +111,17 @@ def test_a_report_only_report_without_recorded_invocations_claims_no_wall_time()
 def test_record_invocation_updates_its_own_record_and_keeps_the_others(tmp_path):
     from pretrain.tasks.suite import record_invocation
 
-    record_invocation(tmp_path, {"started": "a", "wall_s": 1})
-    record_invocation(tmp_path, {"started": "b", "wall_s": 2})
-    assert record_invocation(tmp_path, {"started": "b", "wall_s": 3}) == [{"started": "a", "wall_s": 1},
-                                                                           {"started": "b", "wall_s": 3}]
+    record_invocation(tmp_path, {"invocation": "a", "started": "12:00:00", "wall_s": 1})
+    record_invocation(tmp_path, {"invocation": "b", "started": "12:00:00", "wall_s": 2})
+    assert record_invocation(tmp_path, {"invocation": "b", "started": "12:00:00", "wall_s": 3}) == [
+        {"invocation": "a", "started": "12:00:00", "wall_s": 1}, {"invocation": "b", "started": "12:00:00", "wall_s": 3}]
+
+
+def test_two_invocations_started_in_the_same_second_keep_two_records(tmp_path):
+    from pretrain.tasks.suite import invocation_id, record_invocation
+
+    record_invocation(tmp_path, {"invocation": invocation_id(), "started": "12:00:00", "wall_s": 0.4})
+    assert len(record_invocation(tmp_path, {"invocation": invocation_id(), "started": "12:00:00", "wall_s": 9})) == 2
 
 
 def test_reach_is_the_longest_length_before_accuracy_first_drops_below_half():
