@@ -109,6 +109,15 @@ def test_an_import_time_variable_gets_a_server_of_its_own():
     assert zygote.server_for(base) is zygote.server_for(dict(base, PRETRAIN_PLAN_CACHE="/elsewhere"))
 
 
+def test_a_new_environment_past_the_limit_replaces_the_least_recently_used_server(monkeypatch):
+    zygote.server_for(ENV)
+    monkeypatch.setattr(zygote, "MAX_SERVERS", len(zygote._servers))
+    least_recent = next(iter(zygote._servers.values()))
+    newest = zygote.server_for(dict(ENV, TORCH_ZYGOTE_TEST_ONLY=str(time.time())))
+    assert newest is not None and least_recent.proc.poll() is not None
+    assert least_recent not in zygote._servers.values() and len(zygote._servers) == zygote.MAX_SERVERS
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "exec"])
 def test_sigterm_to_a_trainings_process_group_saves_and_exits_with_the_requeue_code(tmp_path, forked):

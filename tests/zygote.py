@@ -16,7 +16,9 @@ own, as under `python -m`.
 Where a fork cannot be a fresh interpreter, the command is exec'ed as usual (`spawn_request` returns None):
 - the command is not `sys.executable -m <ZYGOTE_MODULES>` with a plain Popen (no preexec_fn, user, umask or passed fds);
 - its environment differs from the server's in a variable read at import time (IMPORT_TIME_ENV): a server per such
-  environment is started, at most MAX_SERVERS per pytest process;
+  environment is started, at most MAX_SERVERS per pytest process, a new one replacing the least recently used (a
+  module whose tests each set their own directories in such a variable would otherwise take every slot for good,
+  and every later command of the worker would be exec'ed);
 - POSAUG_ZYGOTE=0 in its environment (a test of process start-up itself);
 - the server refused to serve: a warning was shown or a thread started while it imported (a fork copies one
   thread; a warning shown there would not reach the test's stderr).
@@ -27,6 +29,7 @@ torch's and numpy's global generators start as in a new process. /proc/PID/cmdli
 from __future__ import annotations
 
 import array
+import collections
 import ctypes
 import json
 import os
@@ -94,7 +97,7 @@ class Server:
         Path(self.socket_path).unlink(missing_ok=True)
 
 
-_servers: dict[tuple, Server] = {}
+_servers: collections.OrderedDict[tuple, Server] = collections.OrderedDict()  # least recently used first
 _lock = threading.Lock()
 
 
@@ -120,9 +123,11 @@ def server_for(env: dict[str, str]) -> Server | None:
     """The zygote for this import-time environment (started on first use), or None."""
     key = import_time_env(env)
     with _lock:
-        if key not in _servers:
-            if len(_servers) >= MAX_SERVERS:
-                return None
+        if key in _servers:
+            _servers.move_to_end(key)
+        else:
+            while len(_servers) >= MAX_SERVERS:  # its forked processes are the tests' children: they live on
+                _servers.popitem(last=False)[1].close()
             env = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME_ENV)} | dict(key)
             env.pop(megatron_record.MODULE_ENV, None)  # the server's own imports are no test's
             _servers[key] = Server(env)
