@@ -40,6 +40,7 @@ def pytest_configure(config):
     # `python -m pretrain ...` processes are forked from a pre-imported zygote (tests/zygote.py says how and when not)
     subprocess.Popen = zygote.ZygotePopen
     if os.environ.get(megatron_record.RECORD_ENV):  # the pinned phase notes which modules use Megatron-Core
+        megatron_record.install_site_hook()
         megatron_record.install()
     global _unit_times
     if not hasattr(config, "workerinput"):  # an xdist worker has it; the controller receives every report

@@ -9,9 +9,13 @@ Why an executed import statement is the signal: our code imports Megatron-Core i
 (only the modules of MEGATRON_AT_IMPORT import it when they are imported), and a call into Megatron-Core starts
 from code reached through an executed import: of megatron itself, of a module of MEGATRON_AT_IMPORT, or a REACHES
 lookup (which imports its owner module with importlib). `import` and `importlib.import_module` are wrapped, so a
-statement counts each time it runs, cached or not; a zygote-forked process inherits the wrappers. A process exec'ed
-from a test (torchrun, sbatch, a launcher, an exec'ed `python -m`) cannot be watched, so it counts as Megatron use,
-unless it is one of SYSTEM_TOOLS. tests/test_megatron_record.py checks that a module calling a reach is recorded.
+statement counts each time it runs, cached or not; a zygote-forked process inherits the wrappers. This
+interpreter exec'ed from a test with the test's recording environment installs them too, through a .pth file in
+its site-packages (SITE_HOOK, inert without that environment), and so does every process it starts in turn with
+that environment (a launcher's `python -m pretrain`, a SLURM job, torchrun's ranks). Any other process exec'ed from
+a test (torchrun, sbatch, bash, another interpreter, this one with -S or without the environment) cannot be watched,
+so it counts as Megatron use, unless it is one of SYSTEM_TOOLS. tests/test_megatron_record.py checks that a module
+calling a reach is recorded.
 """
 
 from __future__ import annotations
@@ -20,11 +24,21 @@ import ast
 import builtins
 import importlib
 import os
+import sys
+import sysconfig
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_ENV = "POSAUG_MEGATRON_RECORD"  # the record file (set by the pinned phase)
 MODULE_ENV = "POSAUG_TEST_MODULE"  # the test module running now (set around collection and each test)
+HOOK_ENV = "POSAUG_MEGATRON_RECORD_HOOK"  # this file, for SITE_HOOK to load in an exec'ed interpreter
+WATCHED_ENV = "POSAUG_MEGATRON_WATCHED"  # megatron_at_import(), computed once (0.24 CPU-s) for every process
+SITE_HOOK = "zz_posaug_megatron_record.pth"
+# One line (a .pth runs lines that start with `import`); it does nothing unless a test's recording environment is set.
+_SITE_HOOK_LINE = (f"import os, importlib.util as u; p = os.environ.get('{HOOK_ENV}'); s = p and "
+                   f"os.environ.get('{RECORD_ENV}') and os.environ.get('{MODULE_ENV}') and "
+                   "u.spec_from_file_location('posaug_megatron_record', p); "
+                   "s and s.loader.exec_module(u.module_from_spec(s))\n")
 SYSTEM_TOOLS = frozenset({"mount", "umount", "git", "df", "dpkg", "id", "sync", "true", "false", "ls", "cat"})
 _seen: set[str] = set()
 
@@ -97,7 +111,7 @@ def install() -> None:
     """Wrap `import` and importlib.import_module in this process (and the processes forked from it)."""
     if getattr(builtins.__import__, "_megatron_record", False):
         return
-    watched = megatron_at_import()
+    watched = frozenset(os.environ[WATCHED_ENV].split(",")) if WATCHED_ENV in os.environ else megatron_at_import()
     original_import, original_import_module = builtins.__import__, importlib.import_module
 
     def megatron_name(name: str) -> bool:
@@ -124,8 +138,36 @@ def install() -> None:
     importlib.import_module = recording_import_module
 
 
-def exec_counts(args) -> bool:
-    """Whether an exec'ed process counts as Megatron use (anything but SYSTEM_TOOLS: it cannot be watched)."""
+def install_site_hook() -> None:
+    """Make exec'ed interpreters of this environment record for their test (SITE_HOOK), from now on.
+
+    The file stays (inert without the recording environment): a pytest run inside a test would otherwise remove
+    it from under the run around it.
+    """
+    path = Path(sysconfig.get_paths()["purelib"]) / SITE_HOOK
+    if not path.is_file() or path.read_text() != _SITE_HOOK_LINE:
+        path.write_text(_SITE_HOOK_LINE)
+    os.environ[HOOK_ENV] = str(Path(__file__).resolve())
+    os.environ[WATCHED_ENV] = ",".join(sorted(megatron_at_import()))
+
+
+def _watched(args: list[str], env) -> bool:
+    """An exec of this interpreter that SITE_HOOK makes record for the same test module."""
+    env = os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+    if not args or os.fsdecode(args[0]) != sys.executable:
+        return False
+    for arg in map(os.fsdecode, args[1:]):
+        if not arg.startswith("-") or arg in ("-m", "-c"):
+            break
+        if not arg.startswith("--") and "S" in arg:  # -S: no site-packages, so no hook
+            return False
+    return all(env.get(k) == os.environ.get(k) and env.get(k) for k in (RECORD_ENV, MODULE_ENV, HOOK_ENV, WATCHED_ENV))
+
+
+def exec_counts(args, env=None) -> bool:
+    """Whether an exec'ed process counts as Megatron use: anything but SYSTEM_TOOLS and interpreters that record."""
+    if not isinstance(args, (str, bytes)) and _watched(list(args), env):
+        return False
     first = args if isinstance(args, (str, bytes)) else (args[0] if args else "")
     return os.path.basename(os.fsdecode(first).split()[0] if first else "") not in SYSTEM_TOOLS
 
@@ -133,3 +175,7 @@ def exec_counts(args) -> bool:
 def recorded_modules(path: Path) -> set[str]:
     """The test modules a record names."""
     return {line.split("\t")[0] for line in path.read_text().splitlines() if line.strip()}
+
+
+if __name__ == "posaug_megatron_record":  # loaded by SITE_HOOK in an exec'ed interpreter
+    install()

@@ -28,9 +28,25 @@ MODULES = {
             assert rope_attention
     """,
     "test_execs_a_process.py": """
+        import subprocess
+        def test_exec():
+            subprocess.run(["bash", "-c", "true"], check=True)
+    """,
+    "test_execs_python_without_the_tests_environment.py": """
+        import os, subprocess, sys
+        def test_exec():
+            subprocess.run([sys.executable, "-c", "pass"], env={"PATH": os.environ["PATH"]}, check=True)
+    """,
+    "test_execs_python_that_imports_megatron.py": """
+        import os, subprocess, sys
+        def test_exec():
+            subprocess.run([sys.executable, "-c", "import megatron.core"], check=True,
+                           env=dict(os.environ, PYTHONPATH=os.environ["REPO"]))
+    """,
+    "test_execs_python_that_runs_no_megatron.py": """
         import subprocess, sys
         def test_exec():
-            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            subprocess.run([sys.executable, "-c", "import json"], check=True)
     """,
     "test_pure_positions.py": """
         import torch
@@ -82,8 +98,14 @@ def test_a_module_importing_megatron_directly_or_through_our_module_is_recorded(
     assert {"test_imports_megatron_at_module_level.py", "test_reaches_megatron_through_our_module.py"} <= recorded
 
 
-def test_a_module_that_execs_a_process_is_recorded(record):
-    assert "test_execs_a_process.py" in megatron_record.recorded_modules(record[0])
+def test_a_module_that_execs_a_process_it_cannot_watch_is_recorded(record):
+    recorded = megatron_record.recorded_modules(record[0])
+    assert {"test_execs_a_process.py", "test_execs_python_without_the_tests_environment.py"} <= recorded
+
+
+def test_a_python_exec_ed_from_a_test_is_recorded_by_the_imports_it_executes(record):
+    lines = [line.split("\t") for line in record[0].read_text().splitlines()]
+    assert ["test_execs_python_that_imports_megatron.py", "import megatron.core"] in lines
 
 
 def test_a_training_forked_from_the_zygote_is_recorded_by_the_imports_it_executes(record):
@@ -93,7 +115,8 @@ def test_a_training_forked_from_the_zygote_is_recorded_by_the_imports_it_execute
 
 def test_modules_that_run_no_megatron_code_are_not_recorded(record):
     recorded = megatron_record.recorded_modules(record[0])
-    assert not recorded & {"test_pure_positions.py", "test_a_forked_cli_that_stops_before_megatron.py"}
+    assert not recorded & {"test_pure_positions.py", "test_a_forked_cli_that_stops_before_megatron.py",
+                           "test_execs_python_that_runs_no_megatron.py"}
 
 
 def test_the_newest_phase_collects_only_the_recorded_modules_and_everything_without_a_record(record):

@@ -153,7 +153,7 @@ class ZygotePopen(subprocess.Popen):
                                 umask, start_new_session, process_group)
         server = server_for(request["env"]) if request else None
         if server is None:
-            if megatron_record.exec_counts(args):
+            if megatron_record.exec_counts(args, env):
                 megatron_record.record("exec")
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                                           creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
