@@ -13,13 +13,14 @@ The names below load on first use (PEP 562), so that `python -m pretrain eval --
 _EXPORTS = {
     "eval_cli": "cli", "evaluate": "record",
     **dict.fromkeys(("TokenStream", "eval_spans", "load_stream"), "data"),
-    **dict.fromkeys(("GAIN_METHODS", "attention_entropy_ratio", "cliff", "context_gain", "default_in_start",
+    **dict.fromkeys(("GAIN_METHODS", "attention_entropy_ratio", "cliff", "context_gain",
                      "exact_window_losses", "in_distribution_penalty", "kv_cache_window_losses",
                      "per_position_loss"), "metrics"),
     **dict.fromkeys(("RetrievalExample", "extract_answer", "greedy_decode", "passkey", "passkey_examples",
                      "retrieval_accuracy", "ruler_niah", "ruler_niah_examples", "score_answer"), "passkey"),
     **dict.fromkeys(("aggregate", "default_label", "load_records", "markdown_table", "plot_cliff_vs_size",
                      "plot_context_gain", "plot_loss_curves", "record_metrics", "write_csv", "write_record"), "report"),
+    "cliff_in_start": "ranges",
     **dict.fromkeys(("HFScorer", "MegatronScorer", "RunInfo", "Scorer"), "scorers"),
     **dict.fromkeys(("BACKENDS", "load_scorer"), "scorer_loading"),
 }

@@ -83,8 +83,8 @@ def eval_parser() -> Parser:
     run.add_argument("--factor", type=float, help="rope scaling factor (default: L_eval / w)")
     run.add_argument("--batch-size", type=int, help="spans per forward pass (default: from --max-batch-tokens)")
     run.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS, help="token budget per forward pass")
-    run.add_argument("--in-start", type=int, help="first in-distribution position of the cliff (default: 64, or w/2 "
-                     "for a window w <= 64: pretrain.evaluation.metrics.default_in_start)")
+    run.add_argument("--in-start", type=int, help="first in-distribution target of the cliff (default: min(64, w/4), "
+                     "the same range every tool uses: pretrain/evaluation/ranges.py)")
     run.add_argument("--context-gain", type=_ints, default=[], help="contexts C for G(C), e.g. 1024,2048,4096")
     run.add_argument("--gain-window", type=int, help="sliding window of G(C) (default: the paper's 512, or w/4 "
                      "below its w = 2048)")

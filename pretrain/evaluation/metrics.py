@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 import torch
 
 from .arguments import GAIN_METHODS, MAX_BATCH_TOKENS
+from .ranges import cliff_in_start
 from .scorers import Scorer
 
 
@@ -46,16 +47,11 @@ def _mean_curve(losses: torch.Tensor) -> torch.Tensor:
     return losses.double().mean(0) if losses.dim() == 2 else losses.double()
 
 
-def default_in_start(window: int) -> int:
-    """The paper's 64, or w // 2 for windows too short for it (tiny test models)."""
-    return 64 if window > 64 else max(1, window // 2)
-
-
 def span_cliffs(losses: torch.Tensor, window: int, *, in_start: int | None = None,
                 ood_end: int | None = None) -> dict[str, torch.Tensor]:
     """Per span: mean loss at targets t in [in_start, w] ('in_dist') and in (w, ood_end) ('ood'), float64 [n]."""
     losses = losses.double()[None] if losses.dim() == 1 else losses.double()  # index i = target t = i + 1
-    in_start = default_in_start(window) if in_start is None else in_start
+    in_start = cliff_in_start(window) if in_start is None else in_start
     length = losses.shape[1] + 1
     ood_end = length if ood_end is None else min(ood_end, length)
     if not 1 <= in_start <= window:
@@ -69,7 +65,7 @@ def span_cliffs(losses: torch.Tensor, window: int, *, in_start: int | None = Non
 def cliff(losses: torch.Tensor, window: int, *, in_start: int | None = None,
           ood_end: int | None = None) -> dict[str, float]:
     """{'in_dist', 'ood', 'cliff'}: mean loss at targets t in (w, ood_end) minus t in [in_start, w]."""
-    in_start = default_in_start(window) if in_start is None else in_start
+    in_start = cliff_in_start(window) if in_start is None else in_start
     # every span has the same targets, so the mean of span means is the mean curve's mean
     spans = span_cliffs(losses, window, in_start=in_start, ood_end=ood_end)
     in_dist, ood = spans["in_dist"].mean().item(), spans["ood"].mean().item()

@@ -16,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on clusters
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .ranges import cliff_in_start  # noqa: E402
+
 
 # The record field that holds lm-eval scores per task (written by downstream_report).
 DOWNSTREAM_KEY = "downstream"
@@ -292,7 +294,7 @@ def plot_loss_curves(records: list[dict], path: str | Path, *, length: int | Non
     """Per-position loss (mean over seeds) against target position, training window marked."""
     path = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    windows = set()
+    windows, starts = set(), set()
     for label, runs in _by_label(records).items():
         lengths = sorted({int(k) for r in runs for k in r["lengths"]})
         key = str(length or lengths[-1])
@@ -303,13 +305,18 @@ def plot_loss_curves(records: list[dict], path: str | Path, *, length: int | Non
         width = smooth or max(1, len(mean) // 100)
         ax.plot(range(1, len(mean) + 1), _moving_average(mean, width), label=f"{label} (n={len(curves)})")
         windows.add(runs[0]["train_window"])
+        starts |= {(r["lengths"][key].get("cliff") or {}).get("in_start") for r in runs if key in r["lengths"]}
     for w in windows:
         ax.axvline(w, color="gray", linestyle="--", linewidth=1)
         ax.annotate(f"w={w}", (w, 1), xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8)
+    if len(windows) == 1 and len(starts) == 1:  # the targets the cliff's in-distribution loss averages
+        [w], [start] = windows, starts
+        start = cliff_in_start(w) if start is None else start
+        ax.axvspan(start, w, color="gray", alpha=0.12, linewidth=0, label=f"in-distribution ({start}–{w})")
     ax.set_xlabel("position")
     ax.set_ylabel("loss (nats)")
     ax.set_title("Per-position loss")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside the curves
     return _save(fig, path)
 
 

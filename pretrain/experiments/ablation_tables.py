@@ -237,10 +237,10 @@ PRESETS = {
     # evaluates in ~80 min on 2 cores shared with other jobs (benchmarks/README.md has the measurement).
     "cpu-small": Preset(model="cpu-small", window=64, vocab_size=4096, train_tokens=819_200,
                         global_batch_size=32, micro_batch_size=32, lr=3e-3, eval_length=8 * 64,
-                        num_spans=200, in_dist_start=16, gain_window=16, corpus_bytes=6_000_000,
+                        num_spans=200, gain_window=16, corpus_bytes=6_000_000,
                         valid_fraction=0.15, gain_spans=20),
     # The whole suite end to end in a few minutes (tests); the numbers mean nothing.
     "cpu-tiny": Preset(model="tiny", window=16, vocab_size=512, train_tokens=4_096, global_batch_size=16,
-                       micro_batch_size=16, lr=3e-3, eval_length=8 * 16, num_spans=16, in_dist_start=4,
+                       micro_batch_size=16, lr=3e-3, eval_length=8 * 16, num_spans=16,
                        gain_window=4, corpus_bytes=400_000, valid_fraction=0.1, gain_spans=4),
 }

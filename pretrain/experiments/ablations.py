@@ -103,7 +103,7 @@ def evaluate_run(run_dir: Path, name: str, seed: int, preset: Preset, spans) -> 
     w, g, start = preset.window, preset.gain_window, preset.in_dist_start
     scorer = load_scorer(run_dir, backend="hf", name=name)
     losses = per_position_loss(scorer, spans).double()  # index i = target position i + 1
-    record = {"row": name, "seed": seed, "run": run_dir.name, "window": w,
+    record = {"row": name, "seed": seed, "run": run_dir.name, "window": w, "in_start": start,
               "train_window": w * ROWS[name].window_factor, "curve": losses.mean(0).tolist(),
               "per_span": {"in_dist": losses[:, start - 1:w].mean(1).tolist(),
                            "ood_4w": losses[:, w:4 * w - 1].mean(1).tolist(),
@@ -127,8 +127,12 @@ def evaluate_runs(out: Path, preset: Preset, runs: dict[str, Path], seed: int, d
     for name, run_dir in runs.items():
         path = out / "eval" / f"{run_dir.name}.json"
         if path.is_file():
-            records.append(json.loads(path.read_text()))
-            continue
+            cached = json.loads(path.read_text())
+            if cached.get("in_start") == preset.in_dist_start:
+                records.append(cached)
+                continue
+            _log(f"    {path} holds a cliff measured from target {cached.get('in_start', '(not recorded)')}, not from "
+                 f"{preset.in_dist_start} (pretrain/evaluation/ranges.py): evaluating again")
         if spans is None:
             spans = eval_spans(load_stream(data_prefix), preset.num_spans, preset.eval_length)
         record = evaluate_run(run_dir, name, seed, preset, spans)

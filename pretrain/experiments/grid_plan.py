@@ -112,12 +112,10 @@ def size_preset(spec: Spec, size: str) -> Preset:
     """The reproduction Preset of one size of the grid (the report and the evaluation read it)."""
     if spec.cpu:
         return dataclasses.replace(PRESETS[spec.preset], methods=spec.methods)
-    from pretrain.evaluation.metrics import default_in_start
-
     row = SIZES[size]
     return Preset(model=size, window=PAPER_WINDOW, vocab_size=PAPER_VOCAB, train_tokens=row.train_tokens,
                   global_batch_size=row.global_batch_size, micro_batch_size=row.micro_batch_size, lr=row.lr,
-                  eval_length=PAPER_EVAL_LENGTH, num_spans=PAPER_SPANS, in_dist_start=default_in_start(PAPER_WINDOW),
+                  eval_length=PAPER_EVAL_LENGTH, num_spans=PAPER_SPANS,
                   gain_window=PAPER_GAIN_WINDOW, corpus_bytes=0, valid_fraction=0.0, gain_spans=PAPER_SPANS,
                   methods=spec.methods)
 

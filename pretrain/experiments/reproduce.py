@@ -148,7 +148,7 @@ def evaluate_run(run_dir: Path, label: str, seed: int, preset: Preset, spans: to
             "strategy": label, "rope_scaling": rope_scaling,
             "lengths": {str(preset.eval_length): {
                 "loss": curve.mean().item(), "curve": curve.tolist(),
-                "cliff": {"in_dist": in_dist, "ood": ood, "cliff": ood - in_dist}}},
+                "cliff": {"in_dist": in_dist, "ood": ood, "cliff": ood - in_dist, "in_start": preset.in_dist_start}}},
             "per_span": {"in_dist": per_span["in_dist"].tolist(), "ood": per_span["ood"].tolist()},
             "context_gain": gain}
 
@@ -167,10 +167,16 @@ def evaluate_runs(out: Path, preset: Preset, runs: dict[str, Path], seeds: list[
         path = out / "eval" / f"{label}_s{seed}.json"
         if path.is_file():
             try:
-                records.append(json.loads(path.read_text()))
-                continue
+                cached = json.loads(path.read_text())
             except ValueError:  # a half-written record (from before records were written atomically): redo it
                 _log(f"{path} is damaged (not valid JSON): evaluating again")
+            else:
+                used = cached.get("lengths", {}).get(str(preset.eval_length), {}).get("cliff", {}).get("in_start")
+                if used == preset.in_dist_start:
+                    records.append(cached)
+                    continue
+                _log(f"{path} holds a cliff measured from target {used or '(not recorded)'}, not from "
+                     f"{preset.in_dist_start} (pretrain/evaluation/ranges.py): evaluating again")
         started = time.time()
         record = evaluate_run(run_dir, label, seed, preset, spans, rope_scaling=kind)
         write_text_atomic(path, json.dumps(record), what="evaluation record", **_ELSEWHERE)

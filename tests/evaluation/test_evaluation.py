@@ -117,8 +117,8 @@ def test_context_gain_is_window_loss_minus_full_loss_over_targets_window_to_c(sc
 
 
 def test_cliff_arithmetic_on_a_handcrafted_loss_curve():
-    # target positions t = 1..199; loss 5 for t < 64, 3 for 64 <= t <= 100, 4 + t/100 beyond w = 100
-    curve = torch.tensor([5.0 if t < 64 else 3.0 if t <= 100 else 4.0 + t / 100 for t in range(1, 200)])
+    # target positions t = 1..199; loss 5 for t < 25 = w/4, 3 for 25 <= t <= 100, 4 + t/100 beyond w = 100
+    curve = torch.tensor([5.0 if t < 25 else 3.0 if t <= 100 else 4.0 + t / 100 for t in range(1, 200)])
     result = cliff(curve[None].repeat(2, 1), 100)
     ood = sum(4.0 + t / 100 for t in range(101, 200)) / 99
     assert result["in_dist"] == pytest.approx(3.0)

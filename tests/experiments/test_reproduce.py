@@ -135,6 +135,24 @@ def test_rerun_reuses_finished_runs_and_evaluations(own_corpus_reproduction):
     assert "] training " not in second and "[eval " not in second
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_eval_run_on_a_reproduced_checkpoint_and_its_spans_gives_reproduces_cliff(own_corpus_reproduction, tmp_path):
+    out, _, _ = own_corpus_reproduction
+    preset = PRESETS[SUITE_PRESET]
+    length = str(preset.eval_length)
+    reproduced = json.loads((out / "eval" / "posaug_s42.json").read_text())["lengths"][length]["cliff"]
+    done = subprocess.run([sys.executable, "-m", "pretrain", "eval", "run", str(out / "runs" / "posaug_s42"),
+                           "--data", str(out / "data" / "shards" / "corpus"), "--lengths", length,
+                           "--num-spans", str(preset.num_spans), "--output", str(tmp_path), "--no-progress"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [record] = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    evaluated = record["lengths"][length]["cliff"]
+    assert evaluated["in_start"] == reproduced["in_start"] == preset.in_dist_start
+    assert evaluated["cliff"] == pytest.approx(reproduced["cliff"], abs=1e-5)
+
+
 def test_long_preset_has_a_larger_window_more_tokens_and_evaluates_at_8w():
     small, long = PRESETS["cpu-small"], PRESETS["cpu-long"]
     assert long.window > small.window
