@@ -78,11 +78,9 @@ def failed_save_error(run_dir: Path, iteration: int, code: int) -> OutputError:
         kept = f"{iteration_dir(run_dir, latest).name} is still the newest complete checkpoint"
     else:
         needed, kept = None, "no earlier checkpoint exists" if latest is None else ""
-    if needed is None and written:
-        needed = f"more than the {human_bytes(written)} written before the failure"
     return output_error(code, iteration_dir(run_dir, iteration), what=f"checkpoint {iteration}", needed=needed,
                         done=", ".join(x for x in (removed, kept) if x), elsewhere=MOVE_RUN,
-                        then=resume_hint(run_dir))
+                        then=resume_hint(run_dir), written=written, removed=existed and not tmp.exists())
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:
