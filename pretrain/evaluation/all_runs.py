@@ -73,6 +73,8 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
                               max_batch_tokens or metrics.MAX_BATCH_TOKENS, resolve_backend(run.path, backend), device)
             scorer = load_scorer(run.path, backend=backend, name=run.name, device=device)
             stream = load_stream(source)
+            if stream.note:
+                say(f"[{index}/{len(todo)}] {run.name}: note: {stream.note}")
             record = evaluate(scorer, stream, run_lengths, num_spans, gain_contexts=context_gain,
                               gain_window=gain_window, gain_method=gain_method,
                               max_batch_tokens=max_batch_tokens or metrics.MAX_BATCH_TOKENS, progress=progress)

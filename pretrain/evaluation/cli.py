@@ -89,6 +89,8 @@ def _run(args) -> int:
     if tokenizer_path is None and scorer.backend == "hf" and (Path(args.model) / "config.json").is_file():
         tokenizer_path = args.model  # an HF directory usually ships its tokenizer
     stream = load_stream(args.data, tokenizer_path, text_key=args.text_key)
+    if stream.note:
+        print(f"note: {stream.note}", file=sys.stderr)
     if stream.vocab_size is not None and stream.vocab_size > scorer.vocab_size:
         raise ValueError(f"the data's tokenizer has {stream.vocab_size} tokens, the model {scorer.vocab_size}: "
                          "they do not match")
