@@ -83,9 +83,18 @@ def failed_save_error(run_dir: Path, iteration: int, code: int) -> OutputError:
                         then=resume_hint(run_dir), written=written, removed=existed and not tmp.exists())
 
 
-def _prune(run_dir: Path, keep_last: int) -> None:
-    for stale in run_dir.glob("iter_*.tmp"):
+def remove_partials(run_dir: Path) -> list[str]:
+    """Remove every uncommitted iter_N.tmp of `run_dir` (an abandoned or crashed save); the names removed."""
+    removed = []
+    for stale in sorted(Path(run_dir).glob("iter_*.tmp")):
         shutil.rmtree(stale, ignore_errors=True)
+        if not stale.exists():
+            removed.append(stale.name)
+    return removed
+
+
+def _prune(run_dir: Path, keep_last: int) -> None:
+    remove_partials(run_dir)
     healthy = last_healthy(run_dir)
     for iteration, old in checkpoints(run_dir)[keep_last:]:
         if iteration != (healthy or {}).get("iteration"):  # kept beside the newer ones, never instead of them
