@@ -13,8 +13,10 @@ train command), not when a recorded config is read: a checkpoint trained with su
 
 from __future__ import annotations
 
+from megatron_ext.model_config import ModelConfig
 
-def check_no_ops(model) -> None:
+
+def check_no_ops(model: ModelConfig) -> None:
     """ValueError naming the field and the fix when a layer-frequency field selects no layer at all."""
     layers = model.num_layers
     if model.window_size is not None and model.window_attn_skip_freq is not None \
@@ -30,7 +32,7 @@ def check_no_ops(model) -> None:
                          "RoPE in every layer")
 
 
-def no_op_notes(model) -> list[str]:
+def no_op_notes(model: ModelConfig) -> list[str]:
     """One line per setting that changes nothing in training but is kept (see the module's docstring)."""
     notes = []
     if model.window_size is not None and model.window_size >= model.seq_length - 1:

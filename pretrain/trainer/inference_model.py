@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from megatron_ext.model_config import ModelConfig
 from pretrain.trainer import checkpoint
 
 
@@ -54,7 +55,8 @@ def check_inference_overrides(items: list[str]) -> None:
                          f"{', '.join(INFERENCE_FIELDS)}")
 
 
-def with_overrides(model_config, recorded: dict, overrides: list[str], path: str | Path):
+def with_overrides(model_config: ModelConfig, recorded: dict, overrides: list[str],
+                   path: str | Path) -> ModelConfig:
     """The model config to read `path` with: the recorded one, kernels this machine cannot run replaced (saying
     so), then the reader's `--set` inference-time fields, checked as a training start checks them."""
     from pretrain.trainer import config as config_module
