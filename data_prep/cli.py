@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from typing import Optional
 
 from pretrain.cli import Parser  # one grammar with `python -m pretrain`
@@ -94,10 +96,40 @@ def _build_parser() -> argparse.ArgumentParser:
 _ELSEWHERE = {"elsewhere": "pass an --output on a larger disk", "then": "rerun the same command"}
 
 
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
+
+
+def _interrupted(signum, frame) -> None:
+    """The first Ctrl-C: KeyboardInterrupt; the ones after it are ignored while the pool and the lock unwind
+    (a second Ctrl-C there would end in a traceback from inside the clean-up)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one command; returns the process exit code."""
     parser = _build_parser()
     args = parser.parse_args(_renamed(sys.argv[1:] if argv is None else list(argv)))
+    previous = signal.getsignal(signal.SIGINT)
+    ours = previous is signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    if ours:  # not where a caller chose its own handling (or cannot: another thread)
+        signal.signal(signal.SIGINT, _interrupted)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        # inputs are only ever read; what was written stays where a rerun finds (and resumes or rewrites) it.
+        # Ctrl-C stays ignored: the process is ending, and one more during the pool's exit would be a traceback.
+        ours = False
+        print(f"data_prep {args.command}: interrupted (Ctrl-C); nothing it read was changed; rerun the same command "
+              "to continue (finished work is kept and resumed)", file=sys.stderr, flush=True)
+        return INTERRUPTED
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command `args` names; its exit code (bad input: one line, 2)."""
     try:
         if args.command == "build":
             from data_prep.pipeline import BuildConfig, build

@@ -11,8 +11,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import time
+from multiprocessing import resource_tracker
 from typing import Callable, Iterator, Optional
 
 # Workers are processes; each tokenises single-threaded so `--workers N` means N cores.
@@ -32,7 +34,7 @@ from data_prep.manifest import MANIFEST_VERSION, manifest_path, read_json, shard
 from data_prep.progress import Progress
 from data_prep.units import plan_units
 from data_prep.summary import no_documents_message, write_manifest
-from data_prep.tokenize_stage import (WorkerContext, completed_unit_record, init_worker, tokenize_unit,
+from data_prep.tokenize_stage import (WorkerContext, completed_unit_record, init_pool_worker, init_worker, tokenize_unit,
                                       unit_paths)
 from data_prep.tokenizers import load_tokenizer
 from data_prep.writer import import_megatron_in_background, megatron_indexed
@@ -68,10 +70,19 @@ def _map(fn: Callable, tasks: list, workers: int, context: WorkerContext,
     # server that has imported the stage modules once; a stage-2 worker imports Megatron on its first shard.
     pool_context = mp.get_context("forkserver")
     pool_context.set_forkserver_preload(["data_prep.tokenize_stage", "data_prep.assemble_stage"])
-    with pool_context.Pool(min(workers, len(tasks)), initializer=init_worker, initargs=(context,)) as pool:
-        if after_fork is not None:
-            after_fork()
-        yield from pool.imap_unordered(fn, tasks)
+    # Workers are born with Ctrl-C blocked (the mask passes through the forkserver's start and its forks) until
+    # their initializer ignores it: one caught before that would print a KeyboardInterrupt traceback. The resource
+    # tracker starts first, outside the block: its start-up unblocks SIGINT in the caller (pretrain.trainer.children).
+    resource_tracker.ensure_running()
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with pool_context.Pool(min(workers, len(tasks)), initializer=init_pool_worker, initargs=(context,)) as pool:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)  # from here a Ctrl-C ends the pool with the build
+            if after_fork is not None:
+                after_fork()
+            yield from pool.imap_unordered(fn, tasks)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
 
 
 def verify_existing(cfg: BuildConfig, expected_fingerprint: str) -> Optional[dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import time
 from dataclasses import dataclass
 from itertools import chain
@@ -50,6 +51,14 @@ def init_worker(context: WorkerContext) -> None:
     """Pool initializer (also called in-process when there is a single worker)."""
     global _worker_context
     _worker_context = context
+
+
+def init_pool_worker(context: WorkerContext) -> None:
+    """init_worker in a pool process, which leaves Ctrl-C to the build's main process: a terminal sends SIGINT to
+    the whole foreground group, and each worker would print its own KeyboardInterrupt traceback (the main process
+    reports it in one line and terminates the pool)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init_worker(context)
 
 
 def unit_paths(work_dir: str, index: int) -> dict:

@@ -125,21 +125,48 @@ def free_bytes(path: str | os.PathLike) -> int | None:
         return None
 
 
+def space_picture(needed: str | None, written: int, removed: bool, free: int | None) -> str:
+    """'needs about 2.4 MB; 1.1 MB free', or where the size needed is unknown, what was written and what is free,
+    e.g. 'size needed unknown: 41.0 kB written before the failure, removed since; 41.0 kB free now'.
+
+    "needs more than the 41.0 kB written; 41.0 kB free" read as if the output fitted: the free space is measured
+    after the partial file was removed, so it includes what was written. Only a known size is called a need."""
+    free_text = f"{human_bytes(free)} free" if free is not None else ""
+    if needed:
+        return "; ".join(s for s in (f"needs {needed}", free_text) if s)
+    if written:
+        wrote = f"size needed unknown: {human_bytes(written)} written before the failure" + (
+            ", removed since" if removed else "")
+        return "; ".join(s for s in (wrote, f"{free_text} now" if free_text else "") if s)
+    return free_text
+
+
+def _elsewhere_for(code: int, elsewhere: str) -> str:
+    """The callers' "... on a larger disk" fix, worded for the fault: more room helps a full disk only."""
+    if code in _NOT_WRITABLE:
+        return elsewhere.replace("larger disk", "writable disk")
+    if code in _REMOVED:
+        return elsewhere.replace("larger disk", "disk that stays mounted")
+    if code in _TOO_LONG:
+        return elsewhere.replace("a larger disk", "a shorter path")
+    return elsewhere
+
+
 def output_error(code: int, path: str | os.PathLike, *, what: str = "", needed: str | None = None,
-                 done: str = "", elsewhere: str = DEFAULT_ELSEWHERE, then: Then = DEFAULT_THEN) -> OutputError:
+                 done: str = "", elsewhere: str = DEFAULT_ELSEWHERE, then: Then = DEFAULT_THEN,
+                 written: int = 0, removed: bool = False) -> OutputError:
     """Our one-line error for write fault `code` on `path`: what failed, the space picture, and the fix.
 
-    `what` names the output ("checkpoint 4"), `needed` the space it takes ("about 2.4 MB"), `done`
-    what was cleaned up or kept, `elsewhere` the option that moves it to another disk, `then` how
-    to continue afterwards."""
+    `what` names the output ("checkpoint 4"), `needed` the space it takes ("about 2.4 MB") where known, else
+    `written` the bytes written before the failure (`removed`: deleted again since), `done` what was cleaned up or
+    kept, `elsewhere` the option that moves it to another disk, `then` how to continue afterwards."""
     path, then = str(path), then if isinstance(then, str) else then()
+    elsewhere = _elsewhere_for(code, elsewhere)
     done = f"; {done}" if done else ""
     where = os.path.dirname(os.path.abspath(path))
     prefix = f"{what} ({path})" if what else path
     if code in _NO_SPACE:
-        free = free_bytes(path)
-        space = "; ".join(s for s in (f"needs {needed}" if needed else "",
-                                      f"{human_bytes(free)} free" if free is not None else "") if s)
+        space = space_picture(needed, written, removed, free_bytes(path))
         return OutputSpaceError(
             f"{prefix}: {os.strerror(code)} while writing{f' ({space})' if space else ''}{done}; fix: free space in "
             f"{existing_parent(where)} (or raise the quota / file-size limit), or {elsewhere}, then {then}", code)
@@ -177,13 +204,11 @@ def naming_output(path: str | os.PathLike, *, what: str = "", needed: str | None
         code = write_fault(error)
         if isinstance(error, OutputError) or code not in faults:
             raise
-        if needed is None and written and code in _NO_SPACE:
-            needed = f"more than the {human_bytes(written)} written before the failure"
         done = f"removed the partial {', '.join(removed)}" if removed else done
         # a named output is told by the path the user gave; an unnamed one by the file that failed
         where = path if what else getattr(error, "filename", None) or path
-        raise output_error(code, where, what=what, needed=needed, done=done,
-                           elsewhere=elsewhere, then=then) from None
+        raise output_error(code, where, what=what, needed=needed, done=done, elsewhere=elsewhere, then=then,
+                           written=written, removed=bool(removed)) from None
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, *, what: str = "", elsewhere: str = DEFAULT_ELSEWHERE,

@@ -68,7 +68,23 @@ def _age_s(timestamp: str | None) -> float | None:
         return None
 
 
-def _state(status: dict | None, iteration: int, train_iters: int | None, stale_after_s: float) -> tuple[str, str]:
+def damaged_newest(run_dir: Path, iteration: int) -> str | None:
+    """'iter_N is damaged (why)' for the newest iter_* directory newer than the newest intact `iteration`, or None.
+
+    Sizes only, as latest_iteration reads them: `runs` lists a grid of runs and must not hash every checkpoint."""
+    from pretrain.trainer.run_dir import checkpoints, verify
+
+    for number, path in checkpoints(run_dir):
+        if number <= iteration:
+            return None
+        reason = verify(path, checksums=False)
+        if reason is not None:
+            return f"{path.name} is damaged ({reason})"
+    return None
+
+
+def _state(status: dict | None, iteration: int, train_iters: int | None, stale_after_s: float,
+           damaged: str | None = None) -> tuple[str, str]:
     if train_iters is not None and iteration >= train_iters:
         return "finished", ""
     if status is None:
@@ -80,7 +96,9 @@ def _state(status: dict | None, iteration: int, train_iters: int | None, stale_a
         return "stopped", "saved on a stop signal; waiting for requeue/restart"
     if state == "hung":
         return "hung", status.get("error", "")
-    if state == "finished":  # finished by status but checkpoint missing/pruned by hand
+    if state == "finished":  # finished by status but its last checkpoint damaged, or removed/pruned by hand
+        if damaged:
+            return "failed", f"status says finished but its last checkpoint {damaged}"
         return "failed", "status says finished but the last checkpoint is missing"
     if status.get("host") == socket.gethostname():
         if _process_alive(int(status.get("pid", -1))):
@@ -128,10 +146,13 @@ def inspect_run(run_dir: Path, root: Path | None = None, stale_after_s: float = 
         return Run(run_dir, name, "?", "?", None, iteration, None, "failed", f"config.yaml unreadable: {error}")
     train_iters = config.train_iters()
     problem = status_problem(run_dir)
+    damaged = damaged_newest(run_dir, iteration)
     if problem:
         state, detail = _without_status(problem, run_dir, iteration, train_iters)
     else:
-        state, detail = _state(status, iteration, train_iters, stale_after_s)
+        state, detail = _state(status, iteration, train_iters, stale_after_s, damaged)
+    if damaged and damaged not in detail:  # a stopped or failed run's newest save, unusable for its resume
+        detail = "; ".join(d for d in (detail, f"{damaged}; a resume starts from iteration {iteration}") if d)
     method = method_name(config.positions, config.model.seq_length, config.model)
     healthy = last_healthy(run_dir)
     if healthy is not None:  # pruning keeps it: the checkpoint to restart from after a divergence

@@ -38,8 +38,9 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
                  num_spans: int = 20, out: str | Path | None = None, backend: str = "hf", device: str = "cpu",
                  context_gain: list[int] | None = None, gain_window: int | None = None, gain_method: str = "exact",
                  max_batch_tokens: int | None = None, progress: bool = True, say=print,
-                 downstream: dict | None = None) -> dict[str, list[str]]:
-    """Evaluate the finished, not-yet-evaluated runs under `root`; returns run names by outcome."""
+                 downstream: dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """Evaluate the finished, not-yet-evaluated runs under `root`; returns run names by outcome (`overrides`:
+    `--set` inference-time model fields for every run)."""
     from pretrain.evaluation import memory, metrics, report
     from pretrain.evaluation.downstream_report import carry_over, evaluate_grid
     from pretrain.evaluation.data import load_stream
@@ -71,8 +72,10 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
                 raise ValueError("it trained on synthetic tokens: pass --data")
             memory.check_fits(run.path, memory.requests(run_lengths, context_gain, None, None, 0), num_spans, None,
                               max_batch_tokens or metrics.MAX_BATCH_TOKENS, resolve_backend(run.path, backend), device)
-            scorer = load_scorer(run.path, backend=backend, name=run.name, device=device)
+            scorer = load_scorer(run.path, backend=backend, name=run.name, device=device, overrides=overrides)
             stream = load_stream(source)
+            if stream.note:
+                say(f"[{index}/{len(todo)}] {run.name}: note: {stream.note}")
             record = evaluate(scorer, stream, run_lengths, num_spans, gain_contexts=context_gain,
                               gain_window=gain_window, gain_method=gain_method,
                               max_batch_tokens=max_batch_tokens or metrics.MAX_BATCH_TOKENS, progress=progress)

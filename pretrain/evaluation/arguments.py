@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from pretrain.cli import Parser
+from pretrain.cli import Parser, add_set
 from pretrain.hf.arguments import ROPE_SCALING_KINDS, cli_scaling_kind
 
 BACKENDS = ("auto", "hf", "megatron")
@@ -21,6 +21,8 @@ GAIN_METHODS = ("exact", "kv_cache")
 MAX_BATCH_TOKENS = 16384  # default token budget of one forward pass (batch × length)
 DEVICE_HELP = "torch device (default: cuda when available, else cpu)"
 SUBCOMMANDS = ("run", "all", "report", "downstream")
+SET_HELP = ("an inference-time model field of a Megatron checkpoint: model.rope_kernel (auto|unfused|triton) or "
+            "model.core_attention (sdpa|megatron); fields that change what the weights mean are refused")
 
 
 def eval_argv(argv: list[str] | None) -> list[str] | None:
@@ -107,6 +109,7 @@ def eval_parser() -> Parser:
     run.add_argument("--output", dest="out", default="eval_results", help="directory for the JSON record")
     run.add_deprecated("--out", "out", "--output")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_set(run, dest="overrides", help=SET_HELP)
 
     every = sub.add_parser("all", help="evaluate every finished run under a directory not evaluated yet")
     every.add_argument("directory", help="directory of run directories (e.g. a grid of sizes × methods × seeds)")
@@ -129,6 +132,7 @@ def eval_parser() -> Parser:
     every.add_argument("--num-fewshot", type=int, help="--downstream: few-shot examples (default: the task's)")
     every.add_argument("--limit", type=float, help="--downstream: examples per task (testing only)")
     every.add_argument("--include-path", help="--downstream: directory of your own lm-eval task YAML files")
+    add_set(every, dest="overrides", help=SET_HELP + " (every run)")
 
     rep = sub.add_parser("report", help="aggregate records: CSV + Markdown tables and PNG plots")
     rep.add_argument("records", nargs="+", help="record JSON files or directories of them")

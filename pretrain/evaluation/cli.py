@@ -81,7 +81,8 @@ def _run(args) -> int:
     memory.check_fits(args.model, wanted, args.num_spans, args.batch_size, args.max_batch_tokens,
                       resolve_backend(args.model, args.backend), args.device, args.entropy_spans)
     scorer = load_scorer(args.model, backend=args.backend, train_window=args.train_window,
-                         rope_scaling=args.rope_scaling, factor=args.factor, name=args.name, device=args.device)
+                         rope_scaling=args.rope_scaling, factor=args.factor, name=args.name, device=args.device,
+                         overrides=args.overrides)
     if not (args.lengths or args.context_gain or args.passkey_lengths or args.ruler_lengths):
         raise ValueError("nothing to evaluate: pass --lengths and/or --context-gain, --passkey-lengths, --ruler-lengths")
     _check_record_is_ours(_record_path(args.out, scorer), scorer.info.source)
@@ -89,6 +90,8 @@ def _run(args) -> int:
     if tokenizer_path is None and scorer.backend == "hf" and (Path(args.model) / "config.json").is_file():
         tokenizer_path = args.model  # an HF directory usually ships its tokenizer
     stream = load_stream(args.data, tokenizer_path, text_key=args.text_key)
+    if stream.note:
+        print(f"note: {stream.note}", file=sys.stderr)
     if stream.vocab_size is not None and stream.vocab_size > scorer.vocab_size:
         raise ValueError(f"the data's tokenizer has {stream.vocab_size} tokens, the model {scorer.vocab_size}: "
                          "they do not match")
@@ -197,6 +200,10 @@ def eval_cli(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         _check_ranges(args)
+        if getattr(args, "overrides", None):  # refused in a second, before any weight or data is read
+            from pretrain.trainer.inference_model import check_inference_overrides
+
+            check_inference_overrides(args.overrides)
         directory = getattr(args, "directory", None)  # `eval downstream` has none: its default is the run's
         out = args.out or (Path(directory) / "eval_records" if directory and Path(directory).is_dir() else None)
         if out is not None:  # records and reports never go where the command reads from
@@ -211,7 +218,7 @@ def eval_cli(argv: list[str]) -> int:
                                    out=args.out, backend=args.backend, device=args.device,
                                    context_gain=args.context_gain, gain_window=args.gain_window,
                                    gain_method=args.gain_method, max_batch_tokens=args.max_batch_tokens,
-                                   progress=not args.no_progress,
+                                   progress=not args.no_progress, overrides=args.overrides,
                                    downstream=None if not args.downstream else dict(
                                        tasks=args.downstream, num_fewshot=args.num_fewshot, limit=args.limit,
                                        include_path=args.include_path))

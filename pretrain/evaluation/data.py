@@ -26,6 +26,7 @@ class TokenStream:
     tokenizer_path: str | None = None
     tokenizer_sha256: str | None = None
     vocab_size: int | None = None  # of the tokenizer that produced the ids, when known
+    note: str | None = None  # what could not be checked about the source, said once by the command
 
 
 def _indexed_tokens(prefix: str, max_tokens: int | None) -> np.ndarray:
@@ -77,7 +78,11 @@ def load_stream(source: str, tokenizer_path: str | None = None, *, text_key: str
                            tokenizer_path=manifest.tokenizer_path, tokenizer_sha256=manifest.tokenizer_sha256,
                            vocab_size=manifest.vocab_size)
     if os.path.isfile(source + ".idx") and os.path.isfile(source + ".bin"):
-        return TokenStream(_indexed_tokens(source, max_tokens), source)
+        # ids alone: a model scored on another tokenizer's ids gives a number, not an error, hence the note
+        return TokenStream(_indexed_tokens(source, max_tokens), source,
+                           note=f"{source} is a bare .bin/.idx prefix with no data_prep manifest: the data's "
+                                "tokenizer could not be checked against the run's (pass the build's --data-prefix, "
+                                "whose manifest names it)")
     path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"evaluation data {source!r}: not a data_prep prefix (no {manifest_path(source)}), "

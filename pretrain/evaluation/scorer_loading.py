@@ -60,11 +60,12 @@ def resolve_backend(source: str | Path, backend: str) -> str:
 
 def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int | None = None,
                 rope_scaling: str | None = None, factor: float | None = None, name: str | None = None,
-                device: str | torch.device = "cpu") -> Scorer:
+                device: str | torch.device = "cpu", overrides: list[str] | tuple[str, ...] = ()) -> Scorer:
     """A scorer for a Megatron checkpoint (run dir or iter_*) or an HF model directory.
 
     backend "auto": transformers where a Megatron checkpoint's architecture exports (pretrain.hf.export's
     check_exportable), else the Megatron model itself; an HF directory is always scored by transformers.
+    `overrides`: `--set` inference-time model fields of a Megatron checkpoint (inference_model.INFERENCE_FIELDS).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} (got {backend!r})")
@@ -76,7 +77,7 @@ def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int 
         from pretrain.trainer.config import plain_fields
         from pretrain.trainer.inference_model import load_for_inference
 
-        model, config = load_for_inference(path)
+        model, config = load_for_inference(path, overrides)
         if backend == "auto":
             backend = _auto_backend(config.model)
         window = config.model.seq_length
@@ -102,6 +103,9 @@ def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int 
 
         hf = megatron_to_llama(model, config.model, vocab_size=config.model.vocab_size).to(device)
         return HFScorer(hf, info, positions=config.positions, rope_scaling=scaling)
+    if overrides:
+        raise ValueError(f"--set reads a Megatron checkpoint's recorded config; {source} is not one (an HF model "
+                         "directory takes its settings from its config.json)")
     if backend == "megatron":
         raise ValueError(f"{source} is not a Megatron checkpoint (no latest_checkpointed_iteration.txt or "
                          "train_state.json); the megatron backend reads only our trainer's checkpoints")

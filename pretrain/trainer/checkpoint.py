@@ -15,7 +15,9 @@ import json
 import logging
 import pickle
 import random
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import numpy
 import torch
@@ -23,7 +25,8 @@ import torch.distributed as dist
 
 from pretrain.faults import probe_fault, write_fault
 from pretrain.trainer import children, precision_resume
-from pretrain.trainer.run_commit import commit_checkpoint, failed_save_error, partial_dir, start_partial
+from pretrain.trainer.run_commit import (commit_checkpoint, failed_save_error, partial_dir,  # noqa: F401
+                                         remove_partials, start_partial)
 from pretrain.trainer.run_dir import (LATEST, MOVE_RUN, STATE, CheckpointError,  # noqa: F401 (re-exported)
                                       DamagedCheckpointError, Resume, any_rank, checkpoints, file_record,
                                       iteration_dir, latest_iteration, on_rank0, plan_resume, rank as _rank,
@@ -148,12 +151,15 @@ def _files_record(tmp: Path) -> dict:
 
 
 def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_last: int, *,
-         run_dir_exists: bool = False) -> Path:
+         run_dir_exists: bool = False, commit_guard: Callable[[], ContextManager] | None = None) -> Path:
     """Collective: write checkpoint `iteration` atomically, then prune to the newest `keep_last`.
 
     A write fault on any rank (full disk, read-only or removed run directory) raises one
     CheckpointSaveError on every rank, after the partial iter_N.tmp is removed. With
-    `run_dir_exists` (a training run, which made it) a vanished run directory is not recreated."""
+    `run_dir_exists` (a training run, which made it) a vanished run directory is not recreated.
+    The commit (train_state.json, the rename, the LATEST hint, pruning) runs inside `commit_guard()`: the stop
+    signal handler's way to tell a save not committed yet (a second Ctrl-C abandons it) from one committing or
+    complete (it no longer interrupts, so no rename or pruning is cut short)."""
     from megatron.core import dist_checkpointing
 
     children.start_checkpoint_helpers()
@@ -180,10 +186,14 @@ def save(run_dir: str | Path, iteration: int, engine, train_state: dict, keep_la
         torch.save(_rng_state(), tmp / "rng" / f"rank_{_rank():05d}.pt")
 
     def commit() -> None:
-        if _rank() == 0:
-            record = dict(train_state, iteration=iteration, scheduler=engine.scheduler.state_dict(), layout=_layout(),
-                          use_distributed_optimizer=engine.parallel.use_distributed_optimizer, files=files)
-            commit_checkpoint(run_dir, iteration, record, keep_last)
+        # (not a signal mask: a signal reaches the process through any thread that does not block it, and Python
+        # runs its handler in the main thread whatever the main thread's mask says)
+        with commit_guard() if commit_guard is not None else nullcontext():
+            if _rank() == 0:
+                record = dict(train_state, iteration=iteration, scheduler=engine.scheduler.state_dict(),
+                              layout=_layout(), use_distributed_optimizer=engine.parallel.use_distributed_optimizer,
+                              files=files)
+                commit_checkpoint(run_dir, iteration, record, keep_last)
 
     _on_every_rank(make_tmp, run_dir, iteration)
     _barrier()

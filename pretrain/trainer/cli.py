@@ -78,6 +78,11 @@ def main(argv: list[str]) -> int:
             return 0
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         config.validate(world_size)
+        if os.environ.get("RANK", "0") == "0":  # at --check and at training start: values that change nothing
+            from pretrain.trainer.config_no_ops import no_op_notes
+
+            for note in no_op_notes(config.model):
+                print(f"note: {note}", file=sys.stderr, flush=True)
         if not (args.check and os.environ.get(DEVICE_CHECK_IN_JOB)):
             check_device(config)
         if args.check:

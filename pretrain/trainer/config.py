@@ -19,6 +19,7 @@ import yaml
 
 from megatron_ext.model import ModelConfig, ParallelConfig
 from pretrain.table import model_preset
+from pretrain.trainer.config_no_ops import check_no_ops
 from pretrain.trainer.config_ranges import check_range
 from pretrain.trainer.config_sections import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerSettings,
                                               ScheduleConfig, WandbConfig)
@@ -85,6 +86,7 @@ class TrainConfig:
                              + (f"by DP ({dp})" if auto else
                                 f"by schedule.micro_batch_size × DP ({self.schedule.micro_batch_size} × {dp})"))
         self.positions.validate_for(self.model.seq_length)
+        check_no_ops(self.model)  # a layer frequency that selects no layer (noted values: the train command)
         self.model.check_positions(self.positions.strategy, self.positions.rope_scaling, self.positions.layer_mode)
         if self.model.rope_kernel == "triton":  # a GPU (or Triton's interpreter) is needed: refused before start
             from megatron_ext.rope_attention import chosen_rope_kernel

@@ -29,6 +29,7 @@ from pretrain.trainer.stragglers import StepTimes
 from pretrain.trainer.watchdog import Watchdog, set_aside_previous
 
 log = logging.getLogger("pretrain")
+INTERRUPTED = 130  # 128 + SIGINT: a run given up by a second Ctrl-C before its stop save completed
 
 
 class TrainingStopped(RuntimeError):
@@ -38,16 +39,30 @@ class TrainingStopped(RuntimeError):
 class StopSignal:
     """Records SIGTERM/SIGUSR1 (SLURM's pre-timeout signal) and SIGINT (Ctrl-C) so the loop can save and exit.
 
-    A second SIGINT gives up the stop save: KeyboardInterrupt, which main() reports in one line (exit 130)."""
+    A second SIGINT gives up the stop save while it is not committing: KeyboardInterrupt, raised once, which
+    run_cli reports in one line (exit 130) after removing the partial checkpoint. Once the stop save's commit has
+    begun (`committing`, checkpoint.save's commit_guard) a Ctrl-C only counts: the outcome depends on whether the
+    save completed, never on when during the save or the exit the second Ctrl-C came."""
 
     def __init__(self) -> None:
         self.received: str | None = None
+        self._committed = False  # the stop save's commit began: this run exits 75 from it
+        self._gave_up = False
         self._pid = os.getpid()  # forked helpers inherit the handler; only the trainer gives up on a second Ctrl-C
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self._handle)
 
+    @contextmanager
+    def committing(self) -> Iterator[None]:
+        """Around the stop save's commit: set first, so a handler that runs after it never cuts the rename or the
+        pruning short; one that ran before abandoned a save that had not begun to commit."""
+        self._committed = True
+        yield
+
     def _handle(self, signum, _frame) -> None:
-        if signum == signal.SIGINT and self.received == "SIGINT" and os.getpid() == self._pid:
+        if signum == signal.SIGINT and self.received == "SIGINT" and os.getpid() == self._pid \
+                and not (self._committed or self._gave_up):
+            self._gave_up = True  # once: a third Ctrl-C must not interrupt the clean-up of the second
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
 
@@ -200,12 +215,13 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
         train_data = DocumentSamples(train_data, document_eod(config.data, config.model.vocab_size),
                                      config.data.document_masking, config.data.eod_mask_loss)
 
-    def save(iteration: int) -> None:
+    def save(iteration: int, commit_guard=None) -> None:
         with long_section(f"the save of checkpoint {iteration}", "save"):
             engine.sync_params()  # overlap_param_gather defers the last update's all-gather
             checkpoint.save(run_dir, iteration, engine,
                             {"config": to_dict(config), "consumed_samples": iteration * gbs},
-                            keep_last=config.checkpoint.keep_last, run_dir_exists=True)
+                            keep_last=config.checkpoint.keep_last, run_dir_exists=True,
+                            commit_guard=commit_guard)
 
     resolved = {**to_dict(config), "train_iters": total_iters, "train_tokens": config.train_tokens()}
     metrics = Metrics(config, total_iters, start, run_config=resolved)
@@ -273,7 +289,7 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                 metrics.console(f"step {done} | validation loss {valid_loss:.4f} (evaluation positions)")
             watchdog.counters.enter("the stop check")  # a collective: a rank before it is behind
             if stop.any_rank():
-                save(done)
+                save(done, commit_guard=stop.committing)
                 metrics.console(f"received {stop.received or 'a stop signal on another rank'}: saved "
                                 f"iteration {done}, exiting with {REQUEUE_EXIT_CODE} for requeue")
                 exit_code = REQUEUE_EXIT_CODE
@@ -346,7 +362,9 @@ def run_cli(config: TrainConfig) -> int:
     except OutputError as error:  # a write fault met by this rank alone (status.json, TensorBoard): say it here
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C: the stop save the first one asked for is abandoned
-        _print_error(ValueError(f"interrupted twice: the stop save was abandoned; "
+    except KeyboardInterrupt:  # a second Ctrl-C before the stop save's commit: that save is abandoned
+        removed = checkpoint.remove_partials(config.run_dir) if os.environ.get("RANK", "0") == "0" else []
+        _print_error(ValueError(f"interrupted twice: the stop save was abandoned"
+                                f"{' (removed the partial ' + ', '.join(removed) + ')' if removed else ''}; "
                                 f"{checkpoint.resume_hint(config.run_dir)}"))
-        return 130
+        return INTERRUPTED

@@ -78,16 +78,23 @@ def failed_save_error(run_dir: Path, iteration: int, code: int) -> OutputError:
         kept = f"{iteration_dir(run_dir, latest).name} is still the newest complete checkpoint"
     else:
         needed, kept = None, "no earlier checkpoint exists" if latest is None else ""
-    if needed is None and written:
-        needed = f"more than the {human_bytes(written)} written before the failure"
     return output_error(code, iteration_dir(run_dir, iteration), what=f"checkpoint {iteration}", needed=needed,
                         done=", ".join(x for x in (removed, kept) if x), elsewhere=MOVE_RUN,
-                        then=resume_hint(run_dir))
+                        then=resume_hint(run_dir), written=written, removed=existed and not tmp.exists())
+
+
+def remove_partials(run_dir: Path) -> list[str]:
+    """Remove every uncommitted iter_N.tmp of `run_dir` (an abandoned or crashed save); the names removed."""
+    removed = []
+    for stale in sorted(Path(run_dir).glob("iter_*.tmp")):
+        shutil.rmtree(stale, ignore_errors=True)
+        if not stale.exists():
+            removed.append(stale.name)
+    return removed
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:
-    for stale in run_dir.glob("iter_*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_partials(run_dir)
     healthy = last_healthy(run_dir)
     for iteration, old in checkpoints(run_dir)[keep_last:]:
         if iteration != (healthy or {}).get("iteration"):  # kept beside the newer ones, never instead of them

@@ -49,7 +49,7 @@ def test_output_error_survives_a_process_boundary_with_its_errno(tmp_path):
 def test_naming_output_removes_partial_files_and_passes_other_errors_through(tmp_path):
     partial = tmp_path / "a.partial"
     partial.write_bytes(b"x" * 1000)
-    with pytest.raises(OutputSpaceError, match="needs more than the 1.0 kB written before the failure"):
+    with pytest.raises(OutputSpaceError, match="size needed unknown: 1.0 kB written before the failure, removed since; .* free now"):
         with naming_output(tmp_path / "a", partial=(str(partial),)):
             raise OSError(errno.ENOSPC, "No space left on device")
     assert not partial.exists()

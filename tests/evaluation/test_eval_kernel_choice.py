@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
-from conftest import REPO  # noqa: E402
+from conftest import REPO, one_error_line  # noqa: E402
 from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
 
 
@@ -35,12 +35,12 @@ def runs(megatron_world, tmp_path_factory):
     return unfused, triton
 
 
-def eval_run(run: Path, shards: str, out: Path) -> subprocess.CompletedProcess:
+def eval_run(run: Path, shards: str, out: Path, *extra: str, command: str = "run") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, "-m", "pretrain", "eval", "run", str(run), "--data", shards, "--lengths",
-                           "128", "--num-spans", "4", "--output", str(out)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    where = [str(run), "--data", shards, "--lengths", "128", "--num-spans", "4"] if command == "run" else [str(run)]
+    return subprocess.run([sys.executable, "-m", "pretrain", "eval", command, *where, "--output", str(out), *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow  # two evaluations through the CLI
@@ -54,3 +54,43 @@ def test_a_triton_trained_run_is_evaluated_on_cpu_with_a_one_line_note_and_the_s
     assert len(notes) == 1 and notes[0].startswith("note:") and "rope_kernel=auto" in notes[0]
     records = [json.loads(next(Path(tmp_path, name).glob("*.json")).read_text()) for name in ("unfused", "triton")]
     assert records[0]["lengths"] == records[1]["lengths"]
+
+
+# `eval run` / `eval all` --set (issue 68): the inference-time model fields a reader may choose (a kernel, the
+# attention implementation: inference_model.INFERENCE_FIELDS), and none that changes what the weights mean.
+@pytest.mark.slow  # two evaluations through the CLI
+def test_eval_run_set_rope_kernel_reads_a_triton_run_with_the_chosen_kernel_and_the_same_numbers(runs, tiny_shards,
+                                                                                                 tmp_path):
+    unfused, triton = runs
+    as_trained = eval_run(unfused, tiny_shards, tmp_path / "unfused")
+    chosen = eval_run(triton, tiny_shards, tmp_path / "chosen", "--set", "model.rope_kernel=unfused",
+                      "model.core_attention=megatron")
+    assert as_trained.returncode == 0 and chosen.returncode == 0, chosen.stderr[-3000:]
+    notes = [line for line in chosen.stderr.splitlines() if "rope_kernel" in line]
+    assert notes == [f"note: reading {triton} with model.core_attention=megatron (recorded: sdpa), "
+                     "model.rope_kernel=unfused (recorded: triton)"], chosen.stderr[-3000:]
+    records = [json.loads(next(Path(tmp_path, name).glob("*.json")).read_text()) for name in ("unfused", "chosen")]
+    for length, entry in records[0]["lengths"].items():  # sdpa and megatron's attention: the same math, in float32
+        assert entry["loss"] == pytest.approx(records[1]["lengths"][length]["loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize("command, key, why", [
+    ("run", "model.num_layers=2", "changes what the checkpoint's weights mean"),
+    ("run", "model.rotary_base=500000", "changes what the checkpoint's weights mean"),
+    ("run", "positions.strategy=none", "is how the run was trained"),
+    ("run", "positions.rope_scaling=yarn", "--rope-scaling and --factor"),
+    ("all", "model.hidden_size=8", "changes what the checkpoint's weights mean"),
+])
+def test_eval_set_of_a_field_that_changes_the_weights_meaning_is_refused_in_one_line(runs, tiny_shards, tmp_path,
+                                                                                     command, key, why):
+    unfused, _ = runs
+    line = one_error_line(eval_run(unfused if command == "run" else unfused.parent, tiny_shards, tmp_path / "out",
+                                   "--set", key, command=command))
+    assert line.startswith(f"error: --set {key.split('=')[0]}") and why in line, line
+    assert not (tmp_path / "out").exists()  # refused before anything is read or written
+
+
+def test_eval_run_set_rope_kernel_triton_without_a_gpu_is_refused_in_one_line(runs, tiny_shards, tmp_path):
+    unfused, _ = runs
+    line = one_error_line(eval_run(unfused, tiny_shards, tmp_path / "out", "--set", "model.rope_kernel=triton"))
+    assert "model.rope_kernel=triton needs a CUDA GPU" in line, line

@@ -3,6 +3,8 @@ beside the record, a note when one model's result cannot say anything, and `eval
 the baseline of its size and seed (penalty, ΔG, paired cliff reduction)."""
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
+from conftest import REPO  # noqa: E402
 from hf_save_checkpoint import tiny_config, train_and_save  # noqa: E402
 from pretrain.evaluation import report  # noqa: E402
 from pretrain.evaluation.caveats import EVIDENCE, EVIDENCE_SEQUENCES, caveats  # noqa: E402
@@ -66,6 +69,21 @@ def test_a_gain_window_not_below_the_training_window_is_warned_about(checkpoint,
     assert eval_cli(["run", checkpoint, "--data", tiny_shards, "--num-spans", "2", "--context-gain", "64",
                      "--gain-window", "32", "--output", str(tmp_path)]) == 0
     assert "warning: --gain-window 32 is not below the training window 32" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a real `eval run` process
+def test_a_bare_shard_prefix_is_evaluated_with_a_note_that_its_tokenizer_could_not_be_checked(checkpoint, tiny_shards,
+                                                                                             tmp_path):
+    from data_prep.manifest import load_manifest
+
+    bare = load_manifest(tiny_shards).valid_prefix  # the build's validation .bin/.idx, without its manifest
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "eval", "run", checkpoint, "--data", bare, "--lengths",
+                           "64", "--num-spans", "2", "--output", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES=""), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [line for line in proc.stderr.splitlines() if "could not be checked" in line]
+    assert len(notes) == 1 and notes[0].startswith(f"note: {bare} is a bare .bin/.idx prefix"), proc.stderr[-3000:]
+    assert "tokenizer could not be checked against the run's" in notes[0]
 
 
 def test_too_few_spans_to_tell_zero_from_a_baseline_cliff_is_said():

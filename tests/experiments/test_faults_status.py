@@ -1,11 +1,15 @@
 """`python -m pretrain runs` on a run whose status.json is damaged (issue 23): it says so and what the state is
 inferred from (checkpoints, run lock), and touches no file. One tiny synthetic training run (~10-40 s loaded)."""
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from conftest import TINY_TRAIN, file_hashes, run_train
+from conftest import REPO, TINY_TRAIN, file_hashes, run_train
 from pretrain.experiments.runs import main as runs_main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # the fixture trains
@@ -54,3 +58,18 @@ def test_status_without_a_known_state_is_reported_damaged(run_dir, capsys):
     (run_dir / "status.json").write_text('{"state": "bogus"}')
     line = listed(run_dir, capsys)
     assert " finished " in line and "status.json is damaged (holds no known state" in line
+
+
+def test_a_damaged_last_checkpoint_is_called_damaged_naming_the_file_not_missing(run_dir):
+    state = json.loads((run_dir / "iter_0000002" / "train_state.json").read_text())
+    name, record = next((n, r) for n, r in sorted(state["files"].items()) if r["bytes"] > 100)
+    with open(run_dir / "iter_0000002" / name, "r+b") as handle:
+        handle.truncate(record["bytes"] // 2)
+    before = file_hashes(run_dir)
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "runs", str(run_dir.parent)], cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert file_hashes(run_dir) == before, "runs only reads"
+    line = proc.stdout.splitlines()[1]
+    assert " failed " in line and "checkpoint is missing" not in line, line
+    assert f"its last checkpoint iter_0000002 is damaged ({name} has {record['bytes'] // 2} of its " in line, line

@@ -94,7 +94,8 @@ def test_full_disk_at_the_first_checkpoint_says_the_run_starts_over(small_disk):
     disk = small_disk("2m")  # less than one checkpoint
     line = one_error_line(train(disk.path / "run", 2))
     assert "checkpoint 2" in line and "No space left on device" in line
-    assert "more than the" in line and "written before the failure" in line
+    assert "size needed unknown: " in line and "written before the failure, removed since; " in line
+    assert " free now)" in line and "needs more than" not in line
     assert "no earlier checkpoint exists" in line and "starts from the beginning" in line
     assert leftovers(disk.path / "run") == [] and not list((disk.path / "run").glob("iter_*"))
 

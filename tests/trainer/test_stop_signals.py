@@ -187,22 +187,76 @@ def test_stop_signal_to_the_process_group_inside_a_save_saves_exits_75_and_resum
     assert_same_curve(run_dir, uninterrupted)
 
 
+def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+    """Return once `predicate()` holds (kill the trainer and fail after `timeout` or if it exits first)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if predicate():
+            return
+        time.sleep(0.001)
+    proc.kill()
+    raise AssertionError(f"never saw {what} ({proc.poll()})")
+
+
+# A double Ctrl-C's outcome depends only on whether the stop save completed (issue 68): not completed, the partial
+# checkpoint is removed and the run exits 130; completed, it exits 75 from that checkpoint, whenever the second
+# Ctrl-C comes (inside the commit, the pruning, the exit, atexit). Both timings made certain with real signals.
 @pytest.mark.slow
-def test_a_second_ctrl_c_abandons_the_stop_save_in_one_line_and_the_run_resumes_bitwise(uninterrupted, tmp_path):
+def test_a_second_ctrl_c_before_the_stop_save_completed_removes_its_partial_and_exits_130(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start(run_dir)
+    proc = _start(run_dir, "spawn")  # the results-queue server is its own process, to freeze
     wait_inside_save(proc, run_dir, 2, helpers=1)
     os.killpg(proc.pid, signal.SIGINT)  # inside the periodic save of 2: step 3 runs, then the stop save of 3
-    wait_inside_save(proc, run_dir, 3)
-    os.killpg(proc.pid, signal.SIGINT)
+    wait_for(lambda: (run_dir / "iter_0000002").is_dir() and results_queue_server(proc) is not None, proc,
+             "checkpoint 2 committed")
+    server = results_queue_server(proc)
+    os.kill(server, signal.SIGSTOP)  # the stop save of 3 cannot complete: the trainer waits on its server
+    try:
+        wait_for((run_dir / "iter_0000003.tmp").is_dir, proc, "the stop save of 3 begun")
+        time.sleep(1.0)  # blocked inside it
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(1.0)  # the trainer has given the save up before its server may answer again
+    finally:
+        os.kill(server, signal.SIGCONT)
     output = proc.communicate(timeout=180)[0]
     assert proc.returncode == 130, output[-3000:]
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "interrupted twice" in errors[0] and "rerun the same command" in errors[0], output
+    assert len(errors) == 1 and "interrupted twice" in errors[0], output[-3000:]
+    assert "removed the partial iter_0000003.tmp" in errors[0] and "resume from iteration 2" in errors[0], errors
+    assert sorted(p.name for p in run_dir.glob("iter_*")) == ["iter_0000001", "iter_0000002"]
     assert wait_group_gone(proc.pid) == []
     run_train(_overrides(run_dir))
     assert_same_curve(run_dir, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_after_the_stop_save_completed_exits_75_from_it_without_a_traceback(tmp_path):
+    from pretrain.trainer.config import REQUEUE_EXIT_CODE
+    from pretrain.trainer.run_dir import verify
+
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir)
+    wait_inside_save(proc, run_dir, 2, helpers=1)
+    os.killpg(proc.pid, signal.SIGINT)  # the stop save of 3 follows
+    wait_for((run_dir / "iter_0000003").is_dir, proc, "the stop save of 3 committed (renamed)")
+    sent = 0
+    while proc.poll() is None:  # Ctrl-C after Ctrl-C: inside the commit's end, the pruning, the exit and atexit
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            break
+        sent += 1
+        time.sleep(0.005)
+    output = proc.communicate(timeout=180)[0]
+    assert sent >= 1 and proc.returncode == REQUEUE_EXIT_CODE, output[-3000:]
+    for crash in ("Traceback", "KeyboardInterrupt", "abandoned", "error:"):
+        assert crash not in output, output[-3000:]
+    assert f"received SIGINT: saved iteration 3, exiting with {REQUEUE_EXIT_CODE}" in output
+    assert wait_group_gone(proc.pid) == []
+    assert sorted(p.name for p in run_dir.glob("iter_*")) == ["iter_0000001", "iter_0000002", "iter_0000003"]
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert verify(run_dir / "iter_0000003") is None  # a clean resume point: every file at its recorded checksum
 
 
 # slow (three training runs: 1.5-2 min here with the machine shared): the pinned whole suite runs it, the newest
