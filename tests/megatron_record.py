@@ -145,8 +145,10 @@ def install_site_hook() -> None:
     it from under the run around it.
     """
     path = Path(sysconfig.get_paths()["purelib"]) / SITE_HOOK
-    if not path.is_file() or path.read_text() != _SITE_HOOK_LINE:
-        path.write_text(_SITE_HOOK_LINE)
+    if not path.is_file() or path.read_text() != _SITE_HOOK_LINE:  # atomically: interpreters may be starting
+        part = path.with_name(f".{SITE_HOOK}.{os.getpid()}")
+        part.write_text(_SITE_HOOK_LINE)
+        os.replace(part, path)
     os.environ[HOOK_ENV] = str(Path(__file__).resolve())
     os.environ[WATCHED_ENV] = ",".join(sorted(megatron_at_import()))
 
