@@ -25,6 +25,7 @@ import megatron_record
 import unit_times
 import zygote
 
+pytest_plugins = ("signal_guard",)  # restores a signal disposition a test leaves changed, and names the test
 REPO = Path(__file__).resolve().parents[1]
 _unit_times: unit_times.UnitTimes | None = None
 
