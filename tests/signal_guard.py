@@ -19,7 +19,12 @@ LEAKS_ENV = "POSAUG_SIGNAL_LEAKS"
 
 
 def pytest_configure(config):
-    """The controller (not an xdist worker) names the file every worker appends to: its own, even in a test's run."""
+    """SIGINT as under a terminal; the controller (not an xdist worker) names the file every worker appends to: its
+    own, even in a test's run."""
+    # A shell starts a background job (`make test &`, nohup, CI runners) with SIGINT ignored, and exec passes that on
+    # to every process a test starts: their Ctrl-C tests would then test nothing. A terminal's run has the default.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not hasattr(config, "workerinput"):
         fd, path = tempfile.mkstemp(prefix="posaug_signal_leaks_")
         os.close(fd)
