@@ -17,16 +17,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pretrain.evaluation.ranges import cliff_in_start  # noqa: E402
+import torch  # noqa: E402
+
+from pretrain.evaluation.metrics import cliff  # noqa: E402
 
 
 def curve_cliff(curve: list[float], window: int) -> dict[str, float]:
-    """{'in_start', 'in_dist', 'ood', 'cliff'} of a mean loss curve (index i = target i + 1) for window w."""
-    start = cliff_in_start(window)
-    in_dist = sum(curve[start - 1:window]) / (window - start + 1)
-    beyond = curve[window:]
-    ood = sum(beyond) / len(beyond)
-    return {"in_start": start, "in_dist": in_dist, "ood": ood, "cliff": ood - in_dist}
+    """{'in_start', 'in_dist', 'ood', 'cliff'} of a mean loss curve (index i = target i + 1) for window w: metrics.cliff
+    on the curve as one span, which is exact because every span has the same targets."""
+    return cliff(torch.tensor(curve, dtype=torch.float64), window)
 
 
 def main(argv: list[str] | None = None) -> int:
