@@ -35,7 +35,8 @@ RUN = [*TINY_TRAIN, "data.synthetic=true", "schedule.global_batch_size=4", "sche
 
 def start(run_dir: Path, iters: int, *extra: str) -> subprocess.Popen:
     """The DP=2 run under torchrun, stdout and stderr piped."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="",
+               POSAUG_ZYGOTE="0")  # ranks found by /proc/PID/environ, which a forked one does not show
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pretrain",
                "train", "--set", *RUN, f"schedule.train_iters={iters}", f"checkpoint.save={run_dir}", *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -46,7 +47,8 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     for child in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split():
         if f"RANK={rank}".encode() in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
             return int(child)
-    raise AssertionError(f"no worker with RANK={rank} under torchrun {launcher.pid}")
+    raise AssertionError(f"no worker with RANK={rank} under torchrun {launcher.pid} (a rank forked from the zygote "
+                         f"shows the server's environment: start such a torchrun with POSAUG_ZYGOTE=0)")
 
 
 def until_step(proc: subprocess.Popen, step: int, timeout: float = 240) -> list[str]:
@@ -326,6 +328,18 @@ def test_resuming_with_a_changed_schedule_and_recompute_still_resumes(tmp_path):
                       "model.recompute_granularity=full", "model.recompute_method=uniform",
                       "model.recompute_num_layers=1"])
     assert "resumed from iteration 3 (" in proc.stdout
+
+
+def test_initialising_again_replaces_megatrons_groups_instead_of_adding_to_them(megatron_world):
+    from torch.distributed import distributed_c10d as c10d
+
+    from megatron_ext.model import ParallelConfig
+    from pretrain.trainer import distributed
+
+    groups, threads = len(c10d._world.pg_map), len(os.listdir("/proc/self/task"))
+    distributed.initialize(ParallelConfig(), seed=1234)
+    distributed.initialize(ParallelConfig(), seed=1234)
+    assert (len(c10d._world.pg_map), len(os.listdir("/proc/self/task"))) == (groups, threads)
 
 
 def test_the_timeouts_reach_every_process_group_megatrons_included(megatron_world):
