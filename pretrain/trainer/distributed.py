@@ -154,19 +154,24 @@ def _destroy_megatron_groups() -> None:
 
     Megatron's destroy_model_parallel only drops its references: torch keeps each group, and a gloo group keeps three
     threads and its sockets, so a process that initialised again (one evaluation per checkpoint, a test script
-    looping over strategies) grew by ~30 groups each time (a PP=2 script: 599 groups, 1,797 threads per rank)."""
+    looping over strategies) grew by ~30 groups each time (a PP=2 script: 599 groups, 1,797 threads per rank). The
+    barrier first: a rank that closed a group while another still connected its last pair failed that one's
+    connectFullMesh ("Connection closed by peer")."""
     from megatron.core import parallel_state
     from torch.distributed import distributed_c10d as c10d
 
-    if dist.is_initialized():
-        for group in list(c10d._world.pg_map):
-            if group is not dist.group.WORLD:
-                dist.destroy_process_group(group)
+    groups = [group for group in c10d._world.pg_map if group is not dist.group.WORLD] if dist.is_initialized() else []
+    if groups:
+        dist.barrier()
+        for group in groups:
+            dist.destroy_process_group(group)
     parallel_state.destroy_model_parallel()
 
 
 def destroy() -> None:
-    """Tear down Megatron's groups and the world group."""
-    _destroy_megatron_groups()
+    """Tear down Megatron's groups and the world group (which takes every other group with it)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
