@@ -103,6 +103,41 @@ def test_pretrain_commands_are_forked_and_others_exec_ed():
     other.wait(timeout=60)
 
 
+RANK_PROBE = textwrap.dedent("""
+    import os, signal, sys
+    forked = "zygote.py" in open("/proc/self/cmdline").read()
+    print("RANK", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.getsid(0) == os.getpid(),
+          os.getppid(), sys.argv[1:], sys.path[0] == os.path.dirname(__file__),
+          signal.getsignal(signal.SIGINT) is signal.default_int_handler, sys.stdout.write_through, "FORKED", forked,
+          flush=True)
+    sys.exit(3 if os.environ["RANK"] == "1" else 0)
+""")
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "exec"])
+def test_torchrun_forks_its_ranks_from_its_spare_and_they_behave_as_exec_ed_ranks(tmp_path, monkeypatch, forked):
+    (tmp_path / "rank_probe.py").write_text(RANK_PROBE)
+    monkeypatch.setattr(zygote, "ZYGOTE_SCRIPT_DIRS", (*zygote.ZYGOTE_SCRIPT_DIRS, str(tmp_path)))
+    env = dict(ENV, POSAUG_ZYGOTE="1" if forked else "0")
+    proc = zygote.ZygotePopen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               str(tmp_path / "rank_probe.py"), "an-argument"], cwd=tmp_path, text=True,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert _forked(proc.pid) == forked
+    out, err = proc.communicate(timeout=120)
+    ranks = sorted(line.split() for line in out.splitlines() if line.startswith("RANK"))
+    assert proc.returncode == 1 and "exitcode  : 3" in err, err[-3000:]  # rank 1's exit code, as torchrun reports it
+    assert [r[1:4] for r in ranks] == [["0", "0", "2"], ["1", "1", "2"]]
+    expected = ["True", str(proc.pid), "['an-argument']", "True", "True", "True", "FORKED", str(forked)]
+    assert [r[4:] for r in ranks] == [expected, expected], out
+
+
+def test_torchrun_and_reproduce_nest_and_other_commands_do_not():
+    nests = [zygote._nests({"module": module, "argv": argv}) for module, argv in (
+        ("torch.distributed.run", ["--standalone", "x.py"]), ("pretrain", ["reproduce", "--suite", "x"]),
+        ("pretrain", ["train", "--set", "x=1"]), ("pretrain", []))]
+    assert nests == [True, True, False, False]
+
+
 def test_an_import_time_variable_gets_a_server_of_its_own():
     base = ENV
     assert zygote.server_for(base) is not zygote.server_for(dict(base, TOKENIZERS_PARALLELISM="true"))

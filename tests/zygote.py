@@ -23,7 +23,14 @@ Where a fork cannot be a fresh interpreter, the command is exec'ed as usual (`sp
 - the server refused to serve: a warning was shown or a thread started while it imported (a fork copies one
   thread; a warning shown there would not reach the test's stderr).
 Variables that the imports set (data_prep sets TOKENIZERS_PARALLELISM) are set again in each process, and
-torch's and numpy's global generators start as in a new process. /proc/PID/cmdline shows the server's command line.
+torch's and numpy's global generators start as in a new process. /proc/PID/cmdline and /proc/PID/environ show the
+server's (the kernel lets only CAP_SYS_RESOURCE move them): a test that finds its processes by them sets POSAUG_ZYGOTE=0.
+
+A command that starts such processes itself (NESTING: torchrun, whose ranks are `python -u -m pretrain` or a script
+of tests/distributed/; `pretrain reproduce`, whose trainings are `python -m pretrain train`) gets a spare: a copy of
+the server forked before the command begins, a child of the command that dies with it (PDEATHSIG), serving the
+command's own Popen calls the same way, so that its ranks or trainings are its children, forked instead of exec'ed.
+torchrun's worker variables (RUN_TIME_ENV) are read when a process group is made, not at import.
 """
 
 from __future__ import annotations
@@ -43,7 +50,11 @@ from pathlib import Path
 
 import megatron_record
 
-ZYGOTE_MODULES = ("pretrain",)
+ZYGOTE_MODULES = ("pretrain", "torch.distributed.run")
+# Scripts forked like modules: the programs the suite's torchrun launches run as ranks.
+ZYGOTE_SCRIPT_DIRS = (str(Path(__file__).parent / "distributed"),)
+# Commands that start forkable processes themselves: (module, first argument or None for any).
+NESTING = (("torch.distributed.run", None), ("pretrain", "reproduce"))
 # Imported once by the server: what a training, an evaluation and an export import before their first step.
 PRELOAD = ("pretrain.tasks", "pretrain.plan.micro_batch", "pretrain.trainer.cli", "pretrain.trainer.loop",
            "pretrain.trainer.engine", "pretrain.trainer.checkpoint", "pretrain.evaluation", "pretrain.hf.export",
@@ -53,6 +64,8 @@ PRELOAD = ("pretrain.tasks", "pretrain.plan.micro_batch", "pretrain.trainer.cli"
            "megatron_ext.sdpa_attention", "psutil", "numpy.random", "multiprocessing.managers")
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA_", "LD_", "COVERAGE_", "MEGATRON", "NVTE_",
                    "TRITON", "TOKENIZERS_", "HF_", "TRANSFORMERS", "WANDB")
+# Set by torchrun for its workers and read when a process group is created, never at import.
+RUN_TIME_ENV = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 MAX_SERVERS = 3
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 _EXEC_POPEN = subprocess.Popen  # the servers themselves are exec'ed (conftest replaces subprocess.Popen)
@@ -61,7 +74,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def import_time_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """The variables of `env` that modules may read when they are imported."""
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)))
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k.startswith(IMPORT_TIME_ENV) and not k.startswith(RUN_TIME_ENV)))
 
 
 # ------------------------------------------------------------------ client (the pytest process)
@@ -78,6 +92,13 @@ class Server:
         if not self.ready:
             self.proc.wait()
 
+    @classmethod
+    def spare(cls, address: str) -> "Server":
+        """The spare this forked command was given (module docstring): served, not owned."""
+        server = cls.__new__(cls)
+        server.socket_path, server.proc, server.ready = address, None, True
+        return server
+
     def spawn(self, request: dict, fds: list[int]) -> int:
         """Fork `request` with `fds` as its stdin/stdout/stderr; returns its pid once it is our child."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, _subreaper():
@@ -91,6 +112,8 @@ class Server:
 
     def close(self) -> None:
         """Stop the server."""
+        if self.proc is None:  # a spare dies with the command it serves
+            return
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -99,6 +122,7 @@ class Server:
 
 _servers: collections.OrderedDict[tuple, Server] = collections.OrderedDict()  # least recently used first
 _lock = threading.Lock()
+_serving_spare = False  # this process is a forked command that was given a spare
 
 
 def spawn_request(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, shell, gid, gids, uid, umask,
@@ -109,14 +133,23 @@ def spawn_request(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, s
     if any(value not in (None, -1) for value in (gid, gids, uid, umask)) or isinstance(args, (str, bytes)):
         return None
     args = [os.fsdecode(arg) for arg in args]
-    if len(args) < 3 or args[0] != sys.executable or args[1] != "-m" or args[2] not in ZYGOTE_MODULES:
+    if not args or args[0] != sys.executable:
+        return None
+    unbuffered = args[1:2] == ["-u"]
+    rest = args[2:] if unbuffered else args[1:]
+    if len(rest) >= 2 and rest[0] == "-m" and rest[1] in ZYGOTE_MODULES:
+        target, argv = {"module": rest[1]}, rest[2:]
+    elif rest and rest[0].endswith(".py") and os.path.dirname(os.path.abspath(rest[0])) in ZYGOTE_SCRIPT_DIRS:
+        target, argv = {"script": os.path.abspath(rest[0])}, rest[1:]
+    else:
         return None
     env = dict(os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()})
     if env.get("POSAUG_ZYGOTE") == "0":
         return None
-    return {"module": args[2], "argv": args[3:], "env": env, "cwd": os.path.abspath(cwd or os.getcwd()),
-            "new_session": bool(start_new_session), "process_group": None if process_group in (None, -1)
-            else process_group}
+    return {**target, "argv": argv, "unbuffered": unbuffered, "env": env,
+            "cwd": os.path.abspath(cwd or os.getcwd()), "new_session": bool(start_new_session),
+            "process_group": None if process_group in (None, -1) else process_group,
+            "modules": list(ZYGOTE_MODULES), "script_dirs": list(ZYGOTE_SCRIPT_DIRS)}
 
 
 def server_for(env: dict[str, str]) -> Server | None:
@@ -125,6 +158,8 @@ def server_for(env: dict[str, str]) -> Server | None:
     with _lock:
         if key in _servers:
             _servers.move_to_end(key)
+        elif _serving_spare:  # a forked command starts no zygote of its own: what its spare cannot fork is exec'ed
+            return None
         else:
             while len(_servers) >= MAX_SERVERS:  # its forked processes are the tests' children: they live on
                 _servers.popitem(last=False)[1].close()
@@ -241,21 +276,19 @@ def _preload() -> tuple[dict[str, str], bytes] | None:
     return added, bytes(fresh_rng.numpy())
 
 
-def _serve(socket_path: str) -> tuple[dict, list[int], dict[str, str], bytes]:
-    """Fork a process per request; returns only in such a process, with what it needs to become the command."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the server ends with the pytest process
-    if os.environ.get(megatron_record.RECORD_ENV):
-        megatron_record.install()  # inherited by every forked process, which records for its test
-    preloaded = _preload()
-    if preloaded is None:
-        sys.exit(3)
+def _listen(address: str) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(socket_path)
+    listener.bind(address)
     listener.listen(64)
+    return listener
+
+
+def _serve(listener: socket.socket) -> tuple[dict, list[int]]:
+    """Fork a process per request; returns only in such a process, with its request and stdin/stdout/stderr."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the helpers are reaped by the kernel
-    print("ready", flush=True)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
+    os.close(devnull)
     while True:
         conn, _ = listener.accept()
         if os.fork() != 0:
@@ -270,10 +303,34 @@ def _serve(socket_path: str) -> tuple[dict, list[int], dict[str, str], bytes]:
         pid = os.fork()
         if pid == 0:
             conn.close()
-            os.close(devnull)
-            return (request, fds, *preloaded)
+            return request, fds
         conn.sendall(str(pid).encode())
         os._exit(0)
+
+
+def _nests(request: dict) -> bool:
+    """Does this command start forkable processes itself (NESTING)?"""
+    first = request["argv"][0] if request["argv"] else None
+    return any(request.get("module") == module and argument in (None, first) for module, argument in NESTING)
+
+
+def _fork_spare(request: dict, fds: list[int]) -> socket.socket | None:
+    """In a forked command that nests: fork the spare; returns its listener in the spare, None in the command."""
+    address = f"\0posaug-zygote-spare-{os.getpid()}"  # abstract: no file left behind when the command is killed
+    listener = _listen(address)
+    if os.fork() == 0:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != request_parent[0]:  # the command died before the line above
+            os._exit(0)
+        for fd in set(fds):
+            os.close(fd)
+        return listener
+    listener.close()
+    request["spare"] = address
+    return None
+
+
+request_parent = [0]
 
 
 def _become(request: dict, fds: list[int], added_env: dict[str, str], fresh_rng: bytes) -> None:
@@ -307,7 +364,7 @@ def _become(request: dict, fds: list[int], added_env: dict[str, str], fresh_rng:
         signal.signal(ignored, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     signal.set_wakeup_fd(-1)
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    unbuffered = request["unbuffered"] or bool(os.environ.get("PYTHONUNBUFFERED"))  # -u or the variable
     for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
         binary = io.open(fd, mode + "b", buffering=0 if unbuffered and mode == "w" else -1, closefd=False)
         stream = io.TextIOWrapper(binary, encoding=getattr(sys, name).encoding, errors=getattr(sys, name).errors,
@@ -320,11 +377,11 @@ def _become(request: dict, fds: list[int], added_env: dict[str, str], fresh_rng:
 
     numpy.random.seed()
     torch.set_rng_state(torch.frombuffer(bytearray(fresh_rng), dtype=torch.uint8))
-    sys.path[0] = request["cwd"]
+    sys.path[0] = os.path.dirname(request["script"]) if "script" in request else request["cwd"]
 
 
-def _run(module: str) -> None:
-    """Run `module` as __main__ and exit as the interpreter would, without tearing down the server's modules.
+def _run(request: dict) -> None:
+    """Run the request's module or script as __main__ and exit as the interpreter would, without tearing down the server's modules.
 
     The interpreter's exit path: non-daemon threads joined, atexit handlers (weakref finalizers, multiprocessing,
     logging, coverage) run, streams flushed, the exit status of SystemExit, 1 and a traceback for an exception, death
@@ -336,7 +393,10 @@ def _run(module: str) -> None:
 
     code, interrupted = 0, False
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if "script" in request:
+            runpy.run_path(request["script"], run_name="__main__")
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             code = stop.code or 0
@@ -362,9 +422,39 @@ def _run(module: str) -> None:
     os._exit(code & 0xFF)
 
 
+def _attach_spare(request: dict) -> None:
+    """Fork this command's own `python -m pretrain` and rank processes from its spare (module docstring)."""
+    global ZYGOTE_MODULES, ZYGOTE_SCRIPT_DIRS, _serving_spare
+    ZYGOTE_MODULES, ZYGOTE_SCRIPT_DIRS = tuple(request["modules"]), tuple(request["script_dirs"])
+    _serving_spare = True
+    _servers[import_time_env(request["server_env"])] = Server.spare(request["spare"])
+    subprocess.Popen = ZygotePopen
+    handler = sys.modules.get("torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler")
+    if handler is not None:  # imported by the server: its `from subprocess import Popen` is bound already
+        handler.Popen = ZygotePopen
+
+
 if __name__ == "__main__":
     sys.path[0] = os.getcwd()  # as under `python -m`: the server's cwd is the repository
-    _request, _fds, _added_env, _fresh_rng = _serve(sys.argv[1])
-    _become(_request, _fds, _added_env, _fresh_rng)
-    sys.argv = [_request["module"], *_request["argv"]]
-    _run(_request["module"])
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the server ends with the pytest process
+    if os.environ.get(megatron_record.RECORD_ENV):
+        megatron_record.install()  # inherited by every forked process, which records for its test
+    _preloaded = _preload()
+    if _preloaded is None:
+        sys.exit(3)
+    _listener = _listen(sys.argv[1])
+    print("ready", flush=True)
+    while True:
+        _request, _fds = _serve(_listener)  # from here on, a forked process
+        if not _nests(_request):
+            break
+        request_parent[0] = os.getpid()
+        _listener = _fork_spare(_request, _fds)
+        if _listener is None:  # the command; the spare goes round the loop and serves it
+            break
+    _request["server_env"] = dict(os.environ)
+    _become(_request, _fds, *_preloaded)
+    if "spare" in _request:
+        _attach_spare(_request)
+    sys.argv = [_request.get("script") or _request["module"], *_request["argv"]]
+    _run(_request)

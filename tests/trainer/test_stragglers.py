@@ -166,7 +166,8 @@ def _throttle(pid: int, done: threading.Event) -> None:
 @pytest.mark.slow
 def test_a_slowed_pipeline_stage_is_named_and_not_its_waiting_peer(tmp_path):
     run_dir = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="",
+               POSAUG_ZYGOTE="0")  # ranks found by /proc/PID/environ, which a forked one does not show
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pretrain",
                "train", "--set", *TINY_TRAIN, "data.synthetic=true", "parallel.pipeline_model_parallel_size=2",
                "schedule.train_iters=12", "logging.eval_interval=1000", "checkpoint.save_interval=1000",
