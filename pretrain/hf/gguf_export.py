@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pretrain.hf.gguf_support import byte_level_pre_tokenizer, check_llama_cpp_runs, converter_dir
+from pretrain.hf.gguf_support import (byte_level_pre_tokenizer, check_llama_cpp_runs, check_tokenizer_runs,
+                                      converter_dir)
 
 __all__ = ["convert_to_gguf", "export_gguf", "export_gguf_cli", "gguf_name"]
 
@@ -101,6 +102,7 @@ def export_gguf(checkpoint: str | Path, output: str | Path, *, gguf_type: str = 
                 **hf_options: Any) -> dict:
     """Write DIR/hf and DIR/model-TYPE.gguf (checked unless check=False); returns what was written and measured."""
     from pretrain.hf.export import check_output, export_checkpoint, publish
+    from pretrain.hf.export_tokenizer import resolve_tokenizer_path
     from pretrain.trainer import checkpoint as ckpt
     from pretrain.trainer import config as config_module
 
@@ -108,8 +110,12 @@ def export_gguf(checkpoint: str | Path, output: str | Path, *, gguf_type: str = 
     if hf_options.get("no_tokenizer"):
         raise ValueError("export-gguf needs the tokenizer (a GGUF carries it): drop --no-tokenizer")
     check_output(output, bool(hf_options.get("overwrite")))
-    train_config = config_module.from_dict(ckpt.read_train_state(checkpoint)["config"])
+    record = ckpt.read_train_state(checkpoint)
+    train_config = config_module.from_dict(record["config"])
     check_llama_cpp_runs(train_config.model, _scaling_kind(hf_options.get("rope_scaling")))
+    tokenizer = resolve_tokenizer_path(record, hf_options.get("tokenizer"))
+    if tokenizer:
+        check_tokenizer_runs(tokenizer)  # before the weights; the exported files are checked again below
     tree = converter_dir(llama_cpp)  # before the weights: a missing converter fails in a second
     if check:
         from pretrain.hf.gguf_check import require_llama_cpp
@@ -120,6 +126,7 @@ def export_gguf(checkpoint: str | Path, output: str | Path, *, gguf_type: str = 
     try:
         tmp.mkdir(parents=True)
         export_checkpoint(checkpoint, tmp / "hf", **{**hf_options, "overwrite": False})
+        check_tokenizer_runs(tmp / "hf")
         gguf_path = convert_to_gguf(tmp / "hf", tmp / gguf_name(gguf_type), gguf_type, tree)
         result = {"gguf": output / gguf_name(gguf_type), "hf": output / "hf"}
         if check:

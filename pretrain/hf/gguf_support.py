@@ -19,6 +19,9 @@ converter and in llama.cpp's model graphs (src/models/*.cpp) of that release, an
   which knows no newly trained vocabulary. Ours (data_prep's GPT-2 BPE files and trained byte-level BPE) use GPT-2's
   pre-tokenizer exactly (ByteLevel, GPT-2's regex, no prefix space, no normalizer), so export-gguf names it
   explicitly (byte_level_pre_tokenizer); anything else is refused in one line.
+- SentencePiece: BPE models tokenise the same in llama.cpp; unigram models are refused (check_tokenizer_runs):
+  llama.cpp's SentencePiece tokenizer merges pieces by score, BPE's rule, not unigram's best segmentation, and the
+  converter writes every SentencePiece model that way (measured: other ids on data_prep's embedded corpus).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GGUF_TYPES", "LLAMA_CPP_PYTHON", "check_llama_cpp_runs", "byte_level_pre_tokenizer",
+__all__ = ["GGUF_TYPES", "LLAMA_CPP_PYTHON", "check_llama_cpp_runs", "check_tokenizer_runs", "byte_level_pre_tokenizer",
            "converter_dir", "logits_tolerance"]
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the release whose vendored converter and runtime were read and checked
@@ -73,6 +76,30 @@ def check_llama_cpp_runs(model_config, scaling_kind: str) -> None:
         raise ValueError(f"cannot export to GGUF: sliding-window layers (model.window_size="
                          f"{model_config.window_size}): llama.cpp's qwen2 / qwen3 attend to every key in every layer "
                          "(its converter drops layer_types); use export-hf (Qwen2 / Qwen3 in transformers)")
+
+
+def check_tokenizer_runs(path: str | os.PathLike) -> None:
+    """ValueError (one line) when a tokenizer (a SentencePiece .model, a tokenizer.json, or a directory with one) is
+    a unigram model, which llama.cpp segments otherwise."""
+    import json
+
+    path = Path(path)
+    if path.is_dir():
+        path = next((path / name for name in ("tokenizer.model", "tokenizer.json") if (path / name).is_file()), path)
+    unigram = False
+    if path.is_file() and path.suffix == ".model":
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(path.read_bytes())
+        unigram = proto.trainer_spec.model_type == 1
+    elif path.is_file() and path.suffix == ".json":
+        unigram = (json.loads(path.read_text()).get("model") or {}).get("type") == "Unigram"
+    if unigram:
+        raise ValueError("cannot export to GGUF: a SentencePiece unigram tokenizer: llama.cpp tokenises SentencePiece "
+                         "by merging pieces by score (BPE's rule), which gives unigram vocabularies other ids; train "
+                         "one with data_prep train-tokenizer --kind sentencepiece-bpe or bytelevel-bpe, or use "
+                         "export-hf")
 
 
 def byte_level_pre_tokenizer(tokenizer_json: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pretrain.hf.gguf_support import (GPT2_PRE_TOKENIZER, LLAMA_CPP_PYTHON, byte_level_pre_tokenizer,
-                                      check_llama_cpp_runs, converter_dir)
+                                      check_llama_cpp_runs, check_tokenizer_runs, converter_dir)
 from pretrain.table import model_preset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
@@ -40,6 +40,12 @@ def byte_level_tokenizers(tmp_path_factory):
     for kind, path in (("bytelevel-bpe", trained), ("gpt2", str(root / "gpt2"))):
         hf_tokenizer(load_tokenizer(path)).save_pretrained(root / f"hf_{kind}")
         out[kind] = json.loads((root / f"hf_{kind}" / "tokenizer.json").read_text())
+    out["dirs"] = {kind: root / f"hf_{kind}" for kind in ("bytelevel-bpe", "gpt2")}
+    for kind in ("sentencepiece-bpe", "sentencepiece-unigram"):  # the files export-hf writes for them
+        model = train_tokenizer([str(root / "corpus")], str(root / kind), kind, 500, sample_bytes=30_000)
+        hf_tokenizer(load_tokenizer(model)).save_pretrained(root / f"hf_{kind}")
+        (root / f"hf_{kind}" / "tokenizer.model").write_bytes(Path(model).read_bytes())
+        out["dirs"][kind] = root / f"hf_{kind}"
     return out
 
 
@@ -62,6 +68,20 @@ def test_a_pre_tokenizer_other_than_gpt2s_is_refused_in_one_line_naming_what_dif
     with pytest.raises(ValueError, match=f"cannot export to GGUF: .*{named}") as error:
         byte_level_pre_tokenizer(tokenizer)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("kind", ["bytelevel-bpe", "gpt2", "sentencepiece-bpe"])
+def test_tokenizers_llama_cpp_segments_alike_pass(byte_level_tokenizers, kind):
+    check_tokenizer_runs(byte_level_tokenizers["dirs"][kind])
+
+
+def test_a_sentencepiece_unigram_tokenizer_is_refused_in_one_line(byte_level_tokenizers, tmp_path):
+    with pytest.raises(ValueError, match="cannot export to GGUF: a SentencePiece unigram tokenizer") as error:
+        check_tokenizer_runs(byte_level_tokenizers["dirs"]["sentencepiece-unigram"])
+    assert "\n" not in str(error.value)
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram"}}))  # an HF one, no .model
+    with pytest.raises(ValueError, match="unigram"):
+        check_tokenizer_runs(tmp_path)
 
 
 @pytest.mark.parametrize("options,scaling,feature", [
