@@ -22,7 +22,7 @@ _F32 = 0  # ggml_type GGML_TYPE_F32, for the K/V caches
 def require_llama_cpp() -> None:
     """ImportError (one line: what to install, or --no-check) unless llama-cpp-python imports."""
     try:
-        import llama_cpp  # noqa: F401
+        from llama_cpp import Llama  # noqa: F401  (the class: a directory named llama_cpp on sys.path imports too)
     except ImportError as error:
         raise ImportError(f"checking the GGUF needs llama-cpp-python ({error}): pip install "
                           f"'llama-cpp-python=={LLAMA_CPP_PYTHON}' (the llama-cpp extra; it builds from source, "

@@ -21,7 +21,8 @@ TOKENIZER_VOCAB = 500
 def require_llama_cpp() -> None:
     """Skip the calling module (with the reason) unless llama-cpp-python imports and LLAMA_CPP_DIR is set."""
     try:
-        import llama_cpp  # noqa: F401
+        # the class, not the package: with tests/ on sys.path this directory imports as a namespace `llama_cpp`
+        from llama_cpp import Llama  # noqa: F401
     except ImportError as error:
         pytest.skip(f"llama-cpp-python is not installed ({error}); run `make test-llama-cpp`", allow_module_level=True)
     if not os.environ.get("LLAMA_CPP_DIR"):
