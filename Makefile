@@ -130,3 +130,36 @@ coverage: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV) .venv-mcore-* demo_out $(PHASE_LOG) $(MEGATRON_RECORD) .coverage-data
+
+# ---- llama.cpp (issue 70): every export kind converted by llama.cpp's own converter and run in llama.cpp ----
+# Not part of `make test`: llama-cpp-python builds llama.cpp from source (~17 min on 2 cores; pip caches the wheel,
+# so only a fresh machine pays it). Its vendored converter is unpacked from the same release's source package into
+# .llama-cpp/ (none of its code enters the repo). The last run's output, with its commit, is LLAMA_CPP_RESULT.
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_CPP_SRC := .llama-cpp
+LLAMA_CPP_TREE := llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+LLAMA_CPP_RESULT := benchmarks/results/llama_cpp_gguf.txt
+
+.PHONY: test-llama-cpp llama-cpp-converter
+
+$(VENV)/.installed-llama-cpp: $(VENV)/.installed-test
+	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+		$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[data,hf,mpi,dev,eval,wandb,llama-cpp]'
+	touch $@
+
+$(LLAMA_CPP_SRC)/$(LLAMA_CPP_TREE)/convert_hf_to_gguf.py: | $(VENV)/.installed-core
+	mkdir -p $(LLAMA_CPP_SRC)
+	$(BIN)/pip download -q --no-binary :all: --no-deps -d $(LLAMA_CPP_SRC) llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar -xzf $(LLAMA_CPP_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_CPP_SRC) \
+		$(LLAMA_CPP_TREE)/convert_hf_to_gguf.py $(LLAMA_CPP_TREE)/conversion $(LLAMA_CPP_TREE)/gguf-py
+	touch $@
+
+llama-cpp-converter: $(LLAMA_CPP_SRC)/$(LLAMA_CPP_TREE)/convert_hf_to_gguf.py
+
+test-llama-cpp: $(VENV)/.installed-llama-cpp llama-cpp-converter
+	@mkdir -p $(dir $(LLAMA_CPP_RESULT))
+	@status=0; { echo "make test-llama-cpp at commit $$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- \
+		pretrain tests/llama_cpp || echo ' + uncommitted changes'), $$(date -u +%Y-%m-%dT%H:%MZ), llama-cpp-python \
+		$(LLAMA_CPP_PYTHON)"; LLAMA_CPP_DIR=$(CURDIR)/$(LLAMA_CPP_SRC)/$(LLAMA_CPP_TREE) $(BIN)/python -m pytest -q \
+		-p no:cacheprovider -n 0 --durations=0 tests/llama_cpp; } > $(LLAMA_CPP_RESULT).tmp 2>&1 || status=$$?; \
+	cat $(LLAMA_CPP_RESULT).tmp; mv $(LLAMA_CPP_RESULT).tmp $(LLAMA_CPP_RESULT); exit $$status

@@ -1,4 +1,4 @@
-"""`python -m pretrain <command>`: train, eval, runs, export-hf, import-hf, demo, reproduce, selfcheck, plan."""
+"""`python -m pretrain <command>`: train, eval, runs, export-hf, export-gguf, import-hf, demo, reproduce, selfcheck, plan."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ COMMANDS = {
     "demo": ("pretrain.experiments.demo", "main", "the embedded CPU demo: baseline vs PosAug on a no-download corpus"),
     "eval": ("pretrain.evaluation", "eval_cli", "per-position loss, cliff, context gain, passkey"),
     "export-hf": ("pretrain.hf.export", "export_cli", "checkpoint -> Hugging Face Llama directory"),
+    "export-gguf": ("pretrain.hf.gguf_export", "export_gguf_cli",
+                    "checkpoint -> llama.cpp GGUF (llama.cpp's converter), checked against transformers"),
     "import-hf": ("pretrain.hf.importer", "import_cli", "Hugging Face Llama directory -> checkpoint"),
     "reproduce": ("pretrain.experiments.reproduce_cli", "main",
                   "paper-style comparison (--suite lm | tasks | ablations | documents; --slurm: the grid as SLURM jobs)"),
@@ -23,6 +25,7 @@ COMMANDS = {
 LIGHT_PARSERS = {
     "eval": ("pretrain.evaluation.arguments", "eval_parser"),
     "export-hf": ("pretrain.hf.arguments", "export_parser"),
+    "export-gguf": ("pretrain.hf.arguments", "export_gguf_parser"),
     "import-hf": ("pretrain.hf.arguments", "import_parser"),
 }
 USAGE = "usage: python -m pretrain <command> [options]   (python -m pretrain <command> --help: its options)"

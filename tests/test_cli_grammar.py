@@ -52,11 +52,11 @@ WITH_SET = [(["train", "113m_posaug"], "overrides"), (["plan", "113m_posaug"], "
 # every parser a user reaches: each command, each reproduce suite, each data_prep command
 EVERY_PARSER = [["train"], ["plan"], ["reproduce"], ["reproduce", "--slurm"], ["reproduce", "--suite", "tasks"],
                 ["reproduce", "--suite", "ablations"], ["runs", "d"], ["demo"], ["selfcheck"], ["eval", "report", "r"],
-                ["export-hf"], ["import-hf"], ["data_prep", "build"]]
+                ["export-hf"], ["export-gguf"], ["import-hf"], ["data_prep", "build"]]
 # the commands whose --help must not import torch
 LIGHT_HELP = [[], ["train"], ["plan"], ["reproduce"], ["reproduce", "--slurm"], ["reproduce", "--suite", "tasks"],
-              ["reproduce", "--suite", "ablations"], ["runs"], ["demo"], ["selfcheck"], ["export-hf"], ["import-hf"],
-              ["eval"], ["eval", "run"], ["eval", "all"], ["eval", "report"], ["eval", "downstream"]]
+              ["reproduce", "--suite", "ablations"], ["runs"], ["demo"], ["selfcheck"], ["export-hf"], ["export-gguf"],
+              ["import-hf"], ["eval"], ["eval", "run"], ["eval", "all"], ["eval", "report"], ["eval", "downstream"]]
 
 
 @pytest.mark.parametrize("argv,dest", WITH_SET, ids=lambda v: " ".join(v) if isinstance(v, list) else v)

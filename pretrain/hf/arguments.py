@@ -1,4 +1,4 @@
-"""The command lines of `python -m pretrain export-hf` and `import-hf`, built without importing torch.
+"""The command lines of `python -m pretrain export-hf`, `export-gguf` and `import-hf`, built without importing torch.
 
 `python -m pretrain` parses with these before it imports the command's module, so `--help` and a wrong
 invocation answer in well under a second; export_cli / import_cli then parse the same arguments again.
@@ -27,10 +27,36 @@ def export_parser() -> Parser:
     parser = Parser(prog="python -m pretrain export-hf",
                     description="`python -m pretrain export-hf`: checkpoint (any TP/PP) -> Hugging Face Llama "
                                 "(or Qwen2) directory.")
+    return _add_export_arguments(parser, "export-hf")
+
+
+def export_gguf_parser() -> Parser:
+    """The parser of `python -m pretrain export-gguf`: export-hf's flags, the GGUF type, the converter, the check."""
+    from pretrain.hf.gguf_support import GGUF_TYPES, LLAMA_CPP_DIR_ENV, logits_tolerance
+
+    parser = Parser(prog="python -m pretrain export-gguf",
+                    description="`python -m pretrain export-gguf`: checkpoint -> Hugging Face export (DIR/hf) -> "
+                                "llama.cpp GGUF (DIR/model-TYPE.gguf) by llama.cpp's own converter, checked against "
+                                "transformers inside and beyond the window (docs/hf.md: what converts).")
+    _add_export_arguments(parser, "export-gguf")
+    parser.add_argument("--gguf-type", choices=GGUF_TYPES, default="f32",
+                        help="GGUF weight type (the check's largest logit difference to transformers: "
+                        + ", ".join(f"{kind} {logits_tolerance(kind):g}" for kind in GGUF_TYPES) + ")")
+    parser.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp source tree with convert_hf_to_gguf.py "
+                        f"(default: ${LLAMA_CPP_DIR_ENV})")
+    parser.add_argument("--check-tokens", type=int, help="length of the llama.cpp vs transformers check "
+                        "(default: 8 x the training window)")
+    parser.add_argument("--no-check", action="store_true", help="skip that check (it needs llama-cpp-python)")
+    return parser
+
+
+def _add_export_arguments(parser: Parser, command: str) -> Parser:
+    """export-hf's flags (export-gguf takes the same)."""
     # SUPPRESS: an absent positional must not overwrite what the deprecated --checkpoint stored
     parser.add_argument("checkpoint", nargs="?", default=argparse.SUPPRESS, metavar="RUN",
                         help="run directory (its latest) or an iter_* directory, as `eval run` and `runs` take it")
-    parser.add_deprecated("--checkpoint", "checkpoint", "the run as the first argument: export-hf RUN --output DIR")
+    if command == "export-hf":  # its former spelling; export-gguf never had one
+        parser.add_deprecated("--checkpoint", "checkpoint", "the run as the first argument: export-hf RUN --output DIR")
     parser.add_argument("--output", required=True, help="directory to write (must be empty unless --overwrite)")
     parser.add_argument("--tokenizer", help="tokenizer.json, SentencePiece .model, vocab.json+merges.txt dir, or "
                         "an HF tokenizer dir (shipped unchanged; default: an imported model's files, else the "

@@ -99,6 +99,33 @@ def test_export_config_has_the_fields_transformers_4_reads(exports, kind):
         assert {k: config["rope_parameters"][k] for k in scaling} == scaling
 
 
+# What llama.cpp's converter (convert_hf_to_gguf.py, TextModel.__init__ / set_gguf_parameters, LlamaModel's llama3
+# rope_freqs) reads: AutoConfig(...).to_dict()'s `rope_parameters`, else `rope_scaling`; from it rope_type (linear /
+# yarn / llama3 / default), factor, rope_theta, and yarn's and llama3's original window and llama3's frequency
+# factors (llama3 defaults 8192 and 8.0 when absent). dynamic_ntk is refused by export-gguf (pretrain.hf.gguf_support).
+GGUF_ROPE = {
+    "none": {"rope_type": "default", "rope_theta": 10000.0},
+    "pi": {"rope_type": "linear", "factor": 3.0, "rope_theta": 10000.0},
+    "ntk": {"rope_type": "default", "rope_theta": 10000.0 * 3.0 ** (16 / 14)},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": WINDOW},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": WINDOW,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "rfs": {"rope_type": "linear", "factor": 8 * WINDOW / 100, "rope_theta": 10000.0},
+}
+
+
+@pytest.mark.parametrize("kind", list(GGUF_ROPE))
+def test_export_gives_llama_cpps_converter_the_rope_transformers_runs(exports, kind):
+    from transformers import AutoConfig
+
+    hparams = AutoConfig.from_pretrained(exports[kind][0]).to_dict()
+    read = hparams.get("rope_parameters", hparams.get("rope_scaling")) or {}
+    expected = GGUF_ROPE[kind]
+    assert read.get("rope_type") == expected["rope_type"]
+    assert {key: read.get(key) for key in expected if key != "rope_type"} == \
+        pytest.approx({key: value for key, value in expected.items() if key != "rope_type"}, rel=1e-12)
+
+
 # max_position_embeddings per pretrain.hf.context's table: PosAug serves alpha_max (8) x w, pi/ntk stretch that
 # by their factor, RFS its evaluation length; dynamic/yarn keep w (their formula reads it), llama3 its own length.
 SERVED = {"none": 8 * WINDOW, "pi": 24 * WINDOW, "ntk": 24 * WINDOW, "dynamic_ntk": WINDOW, "yarn": WINDOW,
