@@ -223,23 +223,25 @@ def test_every_preset_task_budget_builds_a_valid_training_config(tmp_path):
 
 
 MODERN_ROWS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope", "swa_hybrid", "posaug_swa_hybrid")
+# Opt-in rows: what current models ship and the 2026 challengers (Randomized YaRN).
+OPT_IN_ROWS = (*MODERN_ROWS, "ryarn")
 
 
-def test_the_rows_current_models_ship_are_opt_in_and_every_default_stays_the_eight_earlier_rows():
+def test_the_rows_current_models_ship_and_the_challengers_are_opt_in_and_the_defaults_stay_the_eight_rows():
     from pretrain.tasks.suite import METHODS, PRESETS
 
-    assert set(MODERN_ROWS) <= set(METHODS)
+    assert set(OPT_IN_ROWS) <= set(METHODS)
     for preset in PRESETS.values():
-        assert not set(MODERN_ROWS) & set(preset.methods)
+        assert not set(OPT_IN_ROWS) & set(preset.methods)
     assert PRESETS["cpu-long"].methods == ("baseline", "posaug", "rfs", "rpe", "warp", "nope", "alibi", "rfs_alibi")
 
 
-def test_every_row_current_models_ship_builds_a_valid_config_for_every_task_of_cpu_long(tmp_path):
+def test_every_opt_in_row_builds_a_valid_config_for_every_task_of_cpu_long(tmp_path):
     from pretrain.tasks.suite import PRESETS, run_config
 
     preset = PRESETS["cpu-long"]
     for task in preset.tasks:
-        for method in MODERN_ROWS:
+        for method in OPT_IN_ROWS:
             config = config_module.from_dict(run_config(preset, task, method, 42, tmp_path / f"{task}_{method}"))
             config.validate(world_size=1)
 
@@ -266,3 +268,13 @@ def test_the_ssmax_and_pose_rows_follow_the_lm_tables_rules_at_the_tasks_window(
         pytest.approx(1 / math.log(window))
     pose = run_config(preset, "reverse", "pose", 42, tmp_path / "p")["positions"]
     assert pose["strategy"] == "pose" and pose["max_position"] == 8 * window
+
+
+def test_the_ryarn_row_draws_from_the_longest_evaluation_input_as_the_rpe_row_does(tmp_path):
+    from pretrain.tasks.suite import PRESETS, run_config, sequence_tokens
+
+    preset = PRESETS["cpu-long"]
+    ryarn = run_config(preset, "reverse", "ryarn", 42, tmp_path / "y")["positions"]
+    rpe = run_config(preset, "reverse", "rpe", 42, tmp_path / "r")["positions"]
+    longest = sequence_tokens("reverse", preset.eval_max("reverse"))
+    assert ryarn == {"strategy": "ryarn", "max_position": longest} and rpe["max_position"] == longest
