@@ -278,16 +278,18 @@ class ModelConfig:
             raise ValueError("positions.layer_mode=global scales the full-attention RoPE layers of a model with "
                              "sliding-window layers: set model.window_size and model.window_attn_skip_freq with a "
                              "global RoPE layer (model.no_rope_freq makes them NoPE), or use layer_mode=all")
-        if self.rotary_base_local is not None and (strategy == "random_base" or rope_scaling not in (None, "none")):
+        # random_base and ryarn (YaRN's) hand the hook their own frequencies, as an inference rope scaling does.
+        replaces = strategy in ("random_base", "ryarn") or rope_scaling not in (None, "none")
+        if self.rotary_base_local is not None and replaces:
             raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would replace the RoPE "
                              "frequencies of every layer, local ones (model.rotary_base_local) included: drop it")
-        if self.rope_proportion < 1.0 and (strategy == "random_base" or rope_scaling not in (None, "none")):
+        if self.rope_proportion < 1.0 and replaces:
             raise ValueError(f"positions.strategy={strategy} / rope scaling {rope_scaling!r} would rebuild plain "
                              "RoPE frequencies and drop p-RoPE's (model.rope_proportion < 1): drop it")
         if not self.use_rope_scaling:
             return
-        if strategy == "random_base":
-            raise ValueError("positions.strategy=random_base draws plain RoPE frequencies, which would drop the "
+        if strategy in ("random_base", "ryarn"):
+            raise ValueError(f"positions.strategy={strategy} builds its own RoPE frequencies, which would drop the "
                              "model's Llama 3 RoPE scaling (model.use_rope_scaling); use posaug, rfs, rpe or warp")
         if rope_scaling not in (None, "none"):
             raise ValueError(f"rope scaling {rope_scaling!r} cannot be added to the model's own Llama 3 RoPE scaling "

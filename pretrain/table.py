@@ -154,6 +154,9 @@ METHODS: dict[str, Method] = {
     "sinks": Method({"strategy": "none"}, model={"softmax_type": "learnable"}, shipped=True),
     "qknorm": Method({"strategy": "none"}, model={"qk_layernorm": True}, shipped=True),
     "posaug_qknorm": Method(POSAUG, model={"qk_layernorm": True}, shipped=True),
+    # The 2026 challengers. Randomized YaRN (megatron_ext/positions/randomized_yarn.py): RPE's sorted subsets of
+    # [0, L_t), L_t growing from w to L = 8w in the paper's stages, under YaRN at s = L / w, evaluated with that YaRN.
+    "ryarn": Method({"strategy": "ryarn"}, max_position_in_windows=EXTRAPOLATION, shipped=True),
 }
 SHIPPED_METHODS = tuple(name for name, method in METHODS.items() if method.shipped)
 # Former method names: refused on command lines with the current name, read as it from stored records (the task

@@ -1,5 +1,6 @@
-"""Training-time RoPE position strategies (PosAug, random base, RFS, RPE, index warping, PoSE), and the
-position rules of the model options p-RoPE, NoPE-interleaved layers with attention temperature and SSMax.
+"""Training-time RoPE position strategies (PosAug, random base, RFS, RPE, index warping, PoSE, Randomized YaRN:
+randomized_yarn.py, its recipe and choices), and the position rules of the model options p-RoPE,
+NoPE-interleaved layers with attention temperature and SSMax.
 
 Pure torch: nothing here imports Megatron. The RoPE hook consumes `RopePositions`.
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from .randomized_yarn import DEFAULT_STAGES, INFERENCE_KINDS, inference_factor
 from .scaling import ROPE_SCALING_KINDS
 
-STRATEGIES = ("none", "posaug", "random_base", "rfs", "rpe", "warp", "pose")
+STRATEGIES = ("none", "posaug", "random_base", "rfs", "rpe", "warp", "pose", "ryarn")
 ALPHA_DISTRIBUTIONS = ("uniform", "log_uniform", "discrete", "cycle", "fixed")
 CURRICULA = ("none", "linear", "step")
 LAYER_MODES = ("all", "bottom", "top", "independent", "global")
@@ -15,9 +16,11 @@ TAIL_FUNCTIONS = ("sqrt", "beta_2_5")
 GRANULARITIES = ("per_step", "per_sample")
 # What each strategy's paper does when positions.granularity is not set: PosAug draws alpha
 # per step and Ruoss et al. (RPE) "per batch"; RFS samples per sequence; index warping
-# warps "a fraction of instances"; PoSE draws its chunks and biases per training example.
+# warps "a fraction of instances"; PoSE draws its chunks and biases per training example; Randomized YaRN assigns
+# its sampled positions per batch.
 DEFAULT_GRANULARITY = {"none": "per_step", "posaug": "per_step", "random_base": "per_step",
-                       "rfs": "per_sample", "rpe": "per_step", "warp": "per_sample", "pose": "per_sample"}
+                       "rfs": "per_sample", "rpe": "per_step", "warp": "per_sample", "pose": "per_sample",
+                       "ryarn": "per_step"}
 
 # Positions are float32; integers above 2**24 are no longer exactly representable.
 MAX_POSITION_LIMIT = 2**24
@@ -87,7 +90,7 @@ def _floats(field: str, value: object) -> tuple[float, ...]:
 class PositionConfig:
     """Position strategy and its hyperparameters (YAML keys `positions.<field>`)."""
 
-    strategy: str = "none"  # none | posaug | random_base | rfs | rpe | warp | pose
+    strategy: str = "none"  # none | posaug | random_base | rfs | rpe | warp | pose | ryarn
     # per_step: one draw shared by the whole global batch of an optimizer step; per_sample: one
     # draw per sequence, keyed by its index in the global batch. None = the strategy's paper
     # default (DEFAULT_GRANULARITY). per_sample positions are [b, s] and use unfused RoPE.
@@ -116,9 +119,14 @@ class PositionConfig:
     base_min_factor: float = 0.125
     base_max_factor: float = 8.0
 
-    # rfs (scale L of the [0, 1) range) / rpe (integers drawn from {0..L-1}) / pose (target length L).
+    # rfs (scale L of the [0, 1) range) / rpe (integers drawn from {0..L-1}) / pose (target length L) /
+    # ryarn (the curriculum's final range L).
     max_position: int = 1000
     pose_chunks: int = 2  # pose: chunks of the window, each with its own skipping bias (PoSE's N)
+    # ryarn (Randomized YaRN, megatron_ext/positions/randomized_yarn.py): YaRN scale s (None = max_position / window)
+    # and the length curriculum: stage k of equal shares of the run draws from {0..L_k-1}, L_k = w + f_k (L - w).
+    ryarn_factor: float | None = None
+    ryarn_stages: tuple[float, ...] = DEFAULT_STAGES
     # Legacy spelling of granularity (configs saved before it existed): true = per_sample,
     # false = per_step. Folded into granularity and reset to None on construction.
     per_sample: bool | None = None
@@ -238,7 +246,22 @@ class PositionConfig:
             self.rope_scaling_factor = _float("rope_scaling_factor", self.rope_scaling_factor)
             if self.rope_scaling_factor < 1:
                 raise _err("rope_scaling_factor", "None or >= 1", self.rope_scaling_factor)
+        self._check_ryarn()
         self._resolve_granularity()
+
+    def _check_ryarn(self) -> None:
+        if self.ryarn_factor is not None:
+            self.ryarn_factor = _float("ryarn_factor", self.ryarn_factor)
+            if self.ryarn_factor < 1:
+                raise _err("ryarn_factor", "None or >= 1 (YaRN's scale)", self.ryarn_factor)
+        self.ryarn_stages = _floats("ryarn_stages", self.ryarn_stages)
+        if not all(0.0 <= f <= 1.0 for f in self.ryarn_stages):
+            raise _err("ryarn_stages", "all in [0, 1] (0 = the window, 1 = max_position)", self.ryarn_stages)
+        if any(b < a for a, b in zip(self.ryarn_stages, self.ryarn_stages[1:])):
+            raise _err("ryarn_stages", "non-decreasing (a length curriculum widens the range)", self.ryarn_stages)
+        if self.strategy == "ryarn" and self.rope_scaling not in INFERENCE_KINDS:
+            raise ValueError(f"positions.rope_scaling={self.rope_scaling} would replace the YaRN that strategy ryarn "
+                             "trains with: use none (its own YaRN) or yarn with a larger rope_scaling_factor")
 
     def _resolve_granularity(self) -> None:
         if self.granularity is not None:
@@ -271,11 +294,23 @@ class PositionConfig:
                 f"{seq_len} (ideally the longest evaluation length)"
             )
 
+        if self.strategy == "ryarn":
+            if self.max_position < seq_len:
+                raise ValueError(
+                    f"positions.max_position must be >= the sequence length for strategy ryarn (got "
+                    f"{self.max_position} < seq_len {seq_len}): it is the largest range positions are drawn from; "
+                    f"set it to at least {seq_len} (the table uses 8 x the window)")
+            inference_factor(self.ryarn_scale(seq_len), self.rope_scaling, self.rope_scaling_factor)
+
         if self.strategy == "pose" and not self.pose_chunks <= seq_len <= self.max_position:
             raise ValueError(
                 f"positions.max_position (the target length, {self.max_position}) must be >= the sequence length "
                 f"{seq_len} >= positions.pose_chunks ({self.pose_chunks}) for strategy pose; set "
                 "positions.max_position to the length the model should reach")
+
+    def ryarn_scale(self, train_seq_len: int) -> float:
+        """Randomized YaRN's scale s for training window `train_seq_len`: ryarn_factor, else max_position / window."""
+        return self.ryarn_factor if self.ryarn_factor is not None else self.max_position / train_seq_len
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from . import documents as per_document
-from . import strategies
+from . import randomized_yarn, strategies
 from .config import PositionConfig
 from .draws import PositionDraws, as_device
 from .pose import pose_positions
@@ -77,12 +77,12 @@ class PositionSampler(PositionDraws):
         """Positions of the `batch_size` sequences of step `step` whose global-batch indices start at `first_sample`.
 
         `lengths`: optional int tensor [batch_size], each sequence's real token count (1..seq_len;
-        the rest is right padding). rfs / rpe / warp at per_sample granularity then draw for each
-        sequence's own length, as their papers do (RFS: n sorted uniforms in [0, L); RPE: n sorted
-        distinct integers of [0, L); warp: the tail l·f(j / l) with l = n). It is ignored
+        the rest is right padding). rfs / rpe / warp / ryarn at per_sample granularity then draw for each
+        sequence's own length, as their papers do (RFS: n sorted uniforms in [0, L); RPE and ryarn: n
+        sorted distinct integers of [0, L) (ryarn: [0, L_t)); warp: the tail l·f(j / l) with l = n). It is ignored
         otherwise: a per_step draw is one row shared by the batch, which cannot fit several
         lengths; posaug's α·i, random_base and none do not depend on the length.
-        Padding positions (j >= n) are finite: L for rfs / rpe, the row's own rule continued
+        Padding positions (j >= n) are finite: L for rfs / rpe (L_t for ryarn), the row's own rule continued
         (tail: l) for warp. They are loss-masked and, under causal attention, attended to only
         by later padding tokens, so they never reach a real token.
 
@@ -106,7 +106,7 @@ class PositionSampler(PositionDraws):
         cfg = self.config
         if documents is not None:
             return self._per_document(step, seq_len, samples, documents.to(device), device)
-        if samples is None or cfg.strategy not in ("rfs", "rpe", "warp"):
+        if samples is None or cfg.strategy not in ("rfs", "rpe", "warp", "ryarn"):
             lengths = None
         elif lengths is not None:
             lengths = lengths.to(device=device, dtype=torch.long)
@@ -135,6 +135,9 @@ class PositionSampler(PositionDraws):
             cut_keys = self._uniforms(step, samples, seq_len - 1, STREAM_POSITIONS, device)
             biases = self._uniforms(step, samples, cfg.pose_chunks, STREAM_BASE, device)
             return RopePositions(pose_positions(cut_keys, biases, seq_len, cfg.max_position))
+        if cfg.strategy == "ryarn":
+            keys = self._uniforms(step, samples, self._ryarn_range(step, seq_len), STREAM_POSITIONS, device)
+            return self._ryarn(strategies.rpe_positions(keys, seq_len, lengths), device)
         raise AssertionError(f"unhandled strategy {cfg.strategy!r}")  # guarded by PositionConfig
 
     def evaluation(self, seq_len: int, device: torch.device | str | None = None) -> RopePositions:
@@ -143,6 +146,14 @@ class PositionSampler(PositionDraws):
             raise ValueError(f"seq_len must be >= 1 (got {seq_len})")
         device = as_device(device)
         cfg = self.config
+        if cfg.strategy == "ryarn":
+            # No sampling at inference (the paper): plain positions under YaRN at s, or at s' >= s.
+            factor = randomized_yarn.inference_factor(cfg.ryarn_scale(self.train_seq_len), cfg.rope_scaling,
+                                                      cfg.rope_scaling_factor)
+            inv_freq, attention_factor = randomized_yarn.yarn_frequencies(
+                self.rotary_dim, self.rotary_base, factor, self.train_seq_len, device)
+            return RopePositions(strategies.scaled_positions(seq_len, 1.0, device), inv_freq=inv_freq,
+                                 attention_factor=attention_factor)
         if cfg.strategy == "rfs":
             positions = strategies.rfs_eval_positions(seq_len, self.train_seq_len, cfg.max_position, device)
         elif cfg.strategy == "rpe":
@@ -188,8 +199,9 @@ class PositionSampler(PositionDraws):
                     values["alpha"] = row_alpha.mean()
                     values["alpha_min"] = row_alpha.min()
                     values["alpha_max"] = row_alpha.max()
-        if rope.inv_freq is not None and rope.inv_freq.shape[-1] > 1:
-            # inv_freq[1] = base ** (-2 / d)  =>  base = inv_freq[1] ** (-d / 2); mean over samples.
+        if self.config.strategy == "random_base" and rope.inv_freq is not None and rope.inv_freq.shape[-1] > 1:
+            # inv_freq[1] = base ** (-2 / d)  =>  base = inv_freq[1] ** (-d / 2); mean over samples. Only random_base
+            # draws a base: YaRN's frequencies (ryarn) are no single base's.
             bases = torch.exp(-torch.log(rope.inv_freq[..., 1].double()) * self.rotary_dim / 2)
             values["rotary_base"] = bases.mean()
         # One host transfer for everything (this is the only sync, at logging time).
@@ -224,7 +236,26 @@ class PositionSampler(PositionDraws):
                 self._document_draws(step, samples, seq_len, device), documents, p_head=cfg.p_head,
                 p_tail=cfg.p_tail, head_alphas=head_alphas, head_alpha_fixed=cfg.head_alpha_fixed,
                 tail_function=cfg.tail_function))
+        if cfg.strategy == "ryarn":
+            keys = self._uniforms(step, samples, self._ryarn_range(step, seq_len), STREAM_POSITIONS, device)
+            return self._ryarn(per_document.rpe_document_positions(keys, documents), device)
         raise AssertionError(f"unhandled strategy {cfg.strategy!r}")  # guarded by PositionConfig
+
+    def _ryarn_range(self, step: int, seq_len: int) -> int:
+        """L_t of step `step` under the length curriculum (at least seq_len: a subset of seq_len must fit)."""
+        cfg = self.config
+        return max(seq_len, randomized_yarn.position_range(step, self.total_steps, self.train_seq_len,
+                                                           cfg.max_position, cfg.ryarn_stages))
+
+    def _ryarn(self, positions: torch.Tensor, device: torch.device) -> RopePositions:
+        """Sampled positions under YaRN at the run's s; the frequencies are a constant, built once per device."""
+        key = ("ryarn_inv_freq", device)
+        if key not in self._device_tables:
+            inv_freq, self._ryarn_attention = randomized_yarn.yarn_frequencies(
+                self.rotary_dim, self.rotary_base, self.config.ryarn_scale(self.train_seq_len), self.train_seq_len,
+                device)
+            self._device_tables[key] = inv_freq
+        return RopePositions(positions, inv_freq=self._device_tables[key], attention_factor=self._ryarn_attention)
 
     def _posaug(self, step: int, seq_len: int, samples: range | None, device: torch.device,
                 base: torch.Tensor | None = None) -> RopePositions:

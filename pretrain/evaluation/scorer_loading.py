@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_ext.positions import RopeScaling
+from megatron_ext.positions import RopeScaling, randomized_yarn
 from pretrain.evaluation.arguments import BACKENDS
 from pretrain.evaluation.scorers import HFScorer, MegatronScorer, RunInfo, Scorer
 
@@ -96,6 +96,11 @@ def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int 
                               "method": method_name(config.positions, window, config.model)})
         scaling = _scaling(rope_scaling, factor, window)
         config.model.check_positions(config.positions.strategy, None if scaling is None else scaling.kind)
+        if scaling is not None and config.positions.strategy == "ryarn":
+            # The override replaces the run's YaRN: only YaRN at s' >= s keeps the model's own numerics.
+            s = config.positions.ryarn_scale(window)
+            randomized_yarn.inference_factor(s, scaling.kind, scaling.factor, kind_name="--rope-scaling",
+                                             factor_name="--factor")
         if backend == "megatron":
             return MegatronScorer(model.to(device), config.model, info, positions=config.positions,
                                   rope_scaling=scaling)

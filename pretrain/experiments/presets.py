@@ -16,8 +16,10 @@ PAPER_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs
 MODERN_METHODS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope")
 # What production models train with (local/global attention, RNoPE-SWA, sinks, QK-norm), two with PosAug.
 RECIPE_METHODS = ("swa_hybrid", "posaug_swa_hybrid", "rnope_swa", "sinks", "qknorm", "posaug_qknorm")
+# The 2026 challengers (issue 69): Randomized YaRN.
+CHALLENGER_METHODS = ("ryarn",)
 # Every method row `reproduce --preset P --methods ...` trains, locally and as `reproduce --slurm --preset P`.
-TRAINING_METHODS = PAPER_METHODS + MODERN_METHODS + RECIPE_METHODS
+TRAINING_METHODS = PAPER_METHODS + MODERN_METHODS + RECIPE_METHODS + CHALLENGER_METHODS
 # The default presets stay within ~30 min on 2 cores: NoPE/ALiBi rows (Table 15) run in cpu-long and
 # cpu-tiny, and in cpu-small with --methods; the MODERN_METHODS rows run with --methods (benchmarks/README.md).
 ROPE_METHODS = PAPER_METHODS[:-2]

@@ -6,7 +6,7 @@ The rule, one row per case (first that applies; docs/hf.md quotes this table):
 
 | case | max_position_embeddings | why |
 |---|---|---|
-| RoPE scaling `yarn` or `dynamic_ntk` | w | transformers takes their original window from it: the frequencies depend on it |
+| RoPE scaling `yarn` (strategy `ryarn` always ships it) or `dynamic_ntk` | w | transformers takes their original window from it: the frequencies depend on it |
 | RoPE scaling `llama3` | max(w, factor · original window, original + 1) | the context the scaling was made for |
 | strategy `rfs` | max(w, n_eval) | the linear factor shipped reproduces evaluation at n_eval (--eval-length) |
 | strategy `posaug` | ⌈α_max · w⌉ | training positions reached α_max · (w − 1) |

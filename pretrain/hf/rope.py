@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from megatron_ext.positions import RopeScaling
+from megatron_ext.positions import RopeScaling, randomized_yarn
 from megatron_ext.positions.scaling import HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, scaling_kind
 
 __all__ = ["ROPE_SCALING_KINDS", "hf_rope_fields", "hf_rope_parameters", "rfs_eval_length",
@@ -52,6 +52,8 @@ def rope_scaling_for(train_config, *, kind: str | None = None, factor: float | N
 
     posaug / rpe / warp / random_base / none evaluate with plain RoPE (alpha = 1, the base
     B0), so they export without scaling unless `kind` asks for one (e.g. PosAug + YaRN).
+    ryarn (Randomized YaRN) evaluates with YaRN at its training scale s (or positions' s' >= s), so it
+    exports that, or YaRN at a larger --factor (megatron_ext.positions.randomized_yarn).
     RFS evaluates n_eval tokens at L(2i - 1) / (2M), M = max(n_train, n_eval): the constant
     L / (2M) cancels in RoPE's relative rotation, leaving positions (i - 1) L / M, i.e. HF
     linear scaling with factor M / L (HF divides positions by the factor).
@@ -72,6 +74,19 @@ def rope_scaling_for(train_config, *, kind: str | None = None, factor: float | N
                              f"{positions.max_position}: HF cannot express the factor {m}/{positions.max_position} "
                              f"< 1; pass --eval-length {positions.max_position} or more")
         return RopeScaling(kind="pi", factor=m / positions.max_position, original_max_position_embeddings=n_train)
+    if positions.strategy == "ryarn":
+        if eval_length is not None:
+            raise ValueError("--eval-length sets the linear factor of RFS models only (this run is 'ryarn'); "
+                             "a larger YaRN factor is --rope-scaling yarn --factor F")
+        s = positions.ryarn_scale(n_train)
+        if kind == "none":
+            if factor is not None:
+                raise ValueError("--factor needs --rope-scaling yarn (a ryarn model exports YaRN only)")
+            # The run's own evaluation rule: its s, or positions.rope_scaling=yarn's s' >= s.
+            s = randomized_yarn.inference_factor(s, positions.rope_scaling, positions.rope_scaling_factor)
+        else:
+            s = randomized_yarn.inference_factor(s, kind, factor, kind_name="--rope-scaling", factor_name="--factor")
+        return RopeScaling(kind="yarn", factor=s, original_max_position_embeddings=n_train)
     if eval_length is not None:
         raise ValueError(f"--eval-length sets the linear factor of RFS models only (this run is "
                          f"{positions.strategy!r}); use --rope-scaling KIND --factor F")

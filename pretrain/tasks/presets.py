@@ -62,6 +62,9 @@ METHODS.update({
     "swa_hybrid": Method(SWA_HYBRID, {"strategy": "none"}, model_in_windows=SWA_WINDOW),
     "posaug_swa_hybrid": Method(SWA_HYBRID, {**POSAUG_POSITIONS, "layer_mode": "global"},
                                 model_in_windows=SWA_WINDOW),
+    # Randomized YaRN (issue 69): its range, as RPE's, covers the longest evaluation input, YaRN at s = L / w;
+    # one draw per batch, as its paper.
+    "ryarn": Method({}, {"strategy": "ryarn"}, max_position="eval"),
 })
 
 

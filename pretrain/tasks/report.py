@@ -161,6 +161,10 @@ METHOD_DEVIATIONS = {
     "pose": "PoSE cuts the padded training window (model.seq_length), not each example: RFS, RPE and warp follow "
             "each example's own length, PoSE does not, so a shorter example may lie wholly in the first chunk and "
             "train on one shifted run of positions (the paper's windows are full chunks of long documents).",
+    "ryarn": "Randomized YaRN draws one sorted row per batch at the padded window (its paper's per-batch draw): "
+             "an example of n tokens takes the row's first n positions, which reach less far into [0, L) than the "
+             "n-subset RPE draws per example; its length curriculum splits the task's training steps in equal "
+             "stages (the paper's are epochs).",
 }
 
 

@@ -38,6 +38,7 @@ STRATEGIES = {
     "rpe": {"strategy": "rpe", "max_position": 256},
     "warp": {"strategy": "warp", "p_head": 0.4, "p_tail": 0.4},
     "pose": {"strategy": "pose", "max_position": 256},
+    "ryarn": {"strategy": "ryarn", "max_position": 256, "ryarn_stages": [0.5, 1.0]},  # 3 steps: both stages
     "prope": {},
     "irope": {},
     "ssmax": {},

@@ -175,3 +175,16 @@ def test_gpu_preset_config_of_each_modern_method_is_valid_in_bf16_with_local_lay
                           ["model.bf16=true", "model.transformer_impl=local"])
     assert (config.model.seq_length, config.model.bf16, config.schedule.global_batch_size) == (2048, True, 128)
     assert config.schedule.train_iters == 500_000_000 // (128 * 2048)
+
+
+def test_the_randomized_yarn_row_of_the_lm_table_draws_up_to_its_evaluation_length_under_yarn_at_8(tmp_path):
+    # The LM table's evidence command (`reproduce --preset cpu-small --methods ryarn`): L = 8w = the evaluation
+    # length, s = L / w; the config loads and its positions pass the sampler's window checks.
+    from pretrain.experiments.reproduce import train_config
+
+    for name in ("cpu-small", "cpu-long", "cpu-tiny"):
+        preset = PRESETS[name]
+        config = train_config(preset, "ryarn", 42, "data/corpus", tmp_path / name, [])
+        config.positions.validate_for(config.model.seq_length)
+        assert config.positions.strategy == "ryarn" and config.positions.max_position == 8 * preset.window
+        assert config.positions.ryarn_scale(config.model.seq_length) == 8.0

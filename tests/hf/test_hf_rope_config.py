@@ -224,3 +224,20 @@ def test_unknown_rope_scaling_is_refused_naming_the_kinds(exports, tmp_path, cap
         export_cli([exports["pi"][1], "--output", str(tmp_path / "hf"), "--rope-scaling", "longrope"])
     assert exit_info.value.code == 2
     assert "none, pi, ntk, dynamic_ntk, yarn" in capsys.readouterr().err.replace("'", "")
+
+
+def test_a_ryarn_run_exports_the_yarn_it_evaluates_with_and_refuses_any_other_scaling():
+    # Randomized YaRN evaluates with YaRN at s = L / w (8 here): its export is the posaug + yarn export above, whose
+    # logits equal Megatron's evaluation, at that s (tests/positions/test_randomized_yarn.py: the same positions).
+    from pretrain.hf.rope import hf_rope_fields, rope_scaling_for
+
+    ryarn = tiny_config("unused", groups=2, untied=False, positions={"strategy": "ryarn", "max_position": 8 * WINDOW})
+    posaug = tiny_config("unused", groups=2, untied=False)
+    assert rope_scaling_for(ryarn) == rope_scaling_for(posaug, kind="yarn", factor=8.0)
+    assert rope_scaling_for(ryarn, kind="yarn", factor=12.0) == rope_scaling_for(posaug, kind="yarn", factor=12.0)
+    assert hf_rope_fields(ryarn.model, rope_scaling_for(ryarn))["rope_scaling"] == {"rope_type": "yarn", "factor": 8.0}
+    for kwargs, message in (({"kind": "pi", "factor": 8.0}, "--rope-scaling=pi would replace the YaRN"),
+                            ({"kind": "yarn", "factor": 4.0}, "--factor must be >= the YaRN factor s = 8"),
+                            ({"factor": 8.0}, "--factor needs --rope-scaling yarn")):
+        with pytest.raises(ValueError, match=message):
+            rope_scaling_for(ryarn, **kwargs)

@@ -30,6 +30,10 @@ CONFIGS = {
     "rpe_per_sample": {"strategy": "rpe", "max_position": 512, "granularity": "per_sample"},
     "warp": {"strategy": "warp", "p_head": 0.4, "p_tail": 0.4},
     "warp_per_step": {"strategy": "warp", "p_head": 0.4, "p_tail": 0.4, "granularity": "per_step"},
+    # one stage at the full range: drawn from step 0 (the default curriculum starts at plain positions)
+    "ryarn": {"strategy": "ryarn", "max_position": 512, "ryarn_stages": [1.0]},
+    "ryarn_per_sample": {"strategy": "ryarn", "max_position": 512, "ryarn_stages": [1.0],
+                         "granularity": "per_sample"},
 }
 PER_STEP_CONFIGS = sorted(n for n, f in CONFIGS.items() if PositionConfig(**f).granularity == "per_step")
 PER_SAMPLE_CONFIGS = sorted(n for n, f in CONFIGS.items() if PositionConfig(**f).granularity == "per_sample")
@@ -104,10 +108,11 @@ def test_each_strategy_defaults_to_its_papers_granularity(strategy, granularity)
     assert PositionConfig(strategy=strategy).granularity == granularity
 
 
-def test_paper_defaults_are_posaug_rpe_random_base_per_step_and_rfs_warp_pose_per_sample():
+def test_paper_defaults_are_posaug_rpe_random_base_ryarn_per_step_and_rfs_warp_pose_per_sample():
     assert DEFAULT_GRANULARITY == {"none": "per_step", "posaug": "per_step", "random_base": "per_step",
                                    "rpe": "per_step", "rfs": "per_sample", "warp": "per_sample",
-                                   "pose": "per_sample"}  # PoSE: skip offsets drawn per training example
+                                   "pose": "per_sample",  # PoSE: skip offsets drawn per training example
+                                   "ryarn": "per_step"}  # Randomized YaRN: positions assigned per batch
 
 
 # Run in a fresh interpreter with a different default seed, as a separate rank would.

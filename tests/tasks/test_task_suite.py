@@ -1,7 +1,7 @@
 """`python -m pretrain reproduce --suite tasks`: end to end at cpu-tiny (1 and 2 seeds, resumable, --report-only)
 and papers-protocol scaled down; presets and config checks.
 
-Runtime: the cpu-tiny e2e tests share one output directory taken through five invocations (10 tiny trainings of 3
+Runtime: the cpu-tiny e2e tests share one output directory taken through six invocations (11 tiny trainings of 3
 steps, each its own process; ~1.5 CPU-minutes, minutes of wall time on a loaded machine); every preset's configs validated in ~5 s; the
 rest < 1 s.
 """
@@ -37,6 +37,7 @@ def tiny_suite(tmp_path_factory):
         "baseline": ["--methods", "baseline"],
         "every method": [],
         "every method again": [],
+        "challenger": ["--methods", "ryarn"],  # an opt-in row beside the stored ones: only it trains
         "two seeds": ["--num-seeds", "2", "--methods", "baseline", "rfs"],
         "two seeds, report only": ["--num-seeds", "2", "--methods", "baseline", "rfs", "--report-only"],
     }
@@ -50,6 +51,8 @@ def tiny_suite(tmp_path_factory):
                 {k: v for k, v in x.items() if k != "example_tokens"} for x in record["lengths"]]}))
         done[step] = reproduce_tasks(out, *extra)
         assert done[step].returncode == 0, f"{step}:\n" + done[step].stdout[-3000:] + done[step].stderr[-3000:]
+        if step == "challenger":
+            done["challenger report"] = (out / "report.md").read_text()
         if step == "every method":  # the one-seed report, before the two-seed steps rewrite it
             done["one-seed results"] = json.loads((out / "results.json").read_text())
             done["one-seed report"] = (out / "report.md").read_text()
@@ -133,9 +136,19 @@ def test_a_report_only_rerun_trains_nothing(tiny_suite):
 def test_every_training_invocation_is_recorded_and_a_report_only_one_is_not(tiny_suite):
     out, _ = tiny_suite
     invocations = json.loads((out / "timing" / "invocations.json").read_text())
-    # baseline; the 7 other methods; the rerun trains nothing; baseline and RFS of seed 137; report only
-    assert [r["runs_trained"] for r in invocations] == [1, 7, 0, 2] and all(r["wall_s"] > 0 for r in invocations)
-    assert "in 4 invocation(s) on this output directory" in (out / "report.md").read_text()
+    # baseline; the 7 other methods; the rerun trains nothing; ryarn alone; baseline and RFS of seed 137; report only
+    assert [r["runs_trained"] for r in invocations] == [1, 7, 0, 1, 2] and all(r["wall_s"] > 0 for r in invocations)
+    assert "in 5 invocation(s) on this output directory" in (out / "report.md").read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_randomized_yarn_row_trains_beside_the_stored_baseline_and_the_report_states_its_deviation(tiny_suite):
+    from pretrain.tasks.report import METHOD_DEVIATIONS
+
+    _, done = tiny_suite
+    assert "| ryarn |" in done["challenger report"] and METHOD_DEVIATIONS["ryarn"] in done["challenger report"]
+    assert "Warning" not in done["challenger"].stderr + done["challenger"].stdout
 
 
 def test_unknown_method_is_one_line_and_exit_code_2(tmp_path):
@@ -223,23 +236,25 @@ def test_every_preset_task_budget_builds_a_valid_training_config(tmp_path):
 
 
 MODERN_ROWS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope", "swa_hybrid", "posaug_swa_hybrid")
+# Opt-in rows: what current models ship and the 2026 challengers (Randomized YaRN).
+OPT_IN_ROWS = (*MODERN_ROWS, "ryarn")
 
 
-def test_the_rows_current_models_ship_are_opt_in_and_every_default_stays_the_eight_earlier_rows():
+def test_the_rows_current_models_ship_and_the_challengers_are_opt_in_and_the_defaults_stay_the_eight_rows():
     from pretrain.tasks.suite import METHODS, PRESETS
 
-    assert set(MODERN_ROWS) <= set(METHODS)
+    assert set(OPT_IN_ROWS) <= set(METHODS)
     for preset in PRESETS.values():
-        assert not set(MODERN_ROWS) & set(preset.methods)
+        assert not set(OPT_IN_ROWS) & set(preset.methods)
     assert PRESETS["cpu-long"].methods == ("baseline", "posaug", "rfs", "rpe", "warp", "nope", "alibi", "rfs_alibi")
 
 
-def test_every_row_current_models_ship_builds_a_valid_config_for_every_task_of_cpu_long(tmp_path):
+def test_every_opt_in_row_builds_a_valid_config_for_every_task_of_cpu_long(tmp_path):
     from pretrain.tasks.suite import PRESETS, run_config
 
     preset = PRESETS["cpu-long"]
     for task in preset.tasks:
-        for method in MODERN_ROWS:
+        for method in OPT_IN_ROWS:
             config = config_module.from_dict(run_config(preset, task, method, 42, tmp_path / f"{task}_{method}"))
             config.validate(world_size=1)
 
@@ -266,3 +281,13 @@ def test_the_ssmax_and_pose_rows_follow_the_lm_tables_rules_at_the_tasks_window(
         pytest.approx(1 / math.log(window))
     pose = run_config(preset, "reverse", "pose", 42, tmp_path / "p")["positions"]
     assert pose["strategy"] == "pose" and pose["max_position"] == 8 * window
+
+
+def test_the_ryarn_row_draws_from_the_longest_evaluation_input_as_the_rpe_row_does(tmp_path):
+    from pretrain.tasks.suite import PRESETS, run_config, sequence_tokens
+
+    preset = PRESETS["cpu-long"]
+    ryarn = run_config(preset, "reverse", "ryarn", 42, tmp_path / "y")["positions"]
+    rpe = run_config(preset, "reverse", "rpe", 42, tmp_path / "r")["positions"]
+    longest = sequence_tokens("reverse", preset.eval_max("reverse"))
+    assert ryarn == {"strategy": "ryarn", "max_position": longest} and rpe["max_position"] == longest
