@@ -104,13 +104,20 @@ def test_pretrain_commands_are_forked_and_others_exec_ed():
 
 
 RANK_PROBE = textwrap.dedent("""
-    import os, signal, sys
+    import os, signal, sys, time
     forked = "zygote.py" in open("/proc/self/cmdline").read()
     print("RANK", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.getsid(0) == os.getpid(),
           os.getppid(), sys.argv[1:], sys.path[0] == os.path.dirname(__file__),
           signal.getsignal(signal.SIGINT) is signal.default_int_handler, sys.stdout.write_through, "FORKED", forked,
           flush=True)
-    sys.exit(3 if os.environ["RANK"] == "1" else 0)
+    if os.environ["RANK"] == "0":
+        open("rank0.printed", "w").close()
+        sys.exit(0)
+    for _ in range(600):  # rank 1 fails once rank 0 has printed: torchrun then stops the other ranks
+        if os.path.exists("rank0.printed"):
+            break
+        time.sleep(0.1)
+    sys.exit(3)
 """)
 
 
