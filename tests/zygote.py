@@ -318,9 +318,10 @@ def _fork_spare(request: dict, fds: list[int]) -> socket.socket | None:
     """In a forked command that nests: fork the spare; returns its listener in the spare, None in the command."""
     address = f"\0posaug-zygote-spare-{os.getpid()}"  # abstract: no file left behind when the command is killed
     listener = _listen(address)
+    command = os.getpid()
     if os.fork() == 0:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != request_parent[0]:  # the command died before the line above
+        if os.getppid() != command:  # the command died before the line above
             os._exit(0)
         for fd in set(fds):
             os.close(fd)
@@ -328,9 +329,6 @@ def _fork_spare(request: dict, fds: list[int]) -> socket.socket | None:
     listener.close()
     request["spare"] = address
     return None
-
-
-request_parent = [0]
 
 
 def _become(request: dict, fds: list[int], added_env: dict[str, str], fresh_rng: bytes) -> None:
@@ -448,7 +446,6 @@ if __name__ == "__main__":
         _request, _fds = _serve(_listener)  # from here on, a forked process
         if not _nests(_request):
             break
-        request_parent[0] = os.getpid()
         _listener = _fork_spare(_request, _fds)
         if _listener is None:  # the command; the spare goes round the loop and serves it
             break
