@@ -4,7 +4,7 @@ session's MFU peak cache."""
 import os
 
 # One OpenMP thread per process, set before anything imports torch, and inherited by every process a test starts
-# (trainings, torchrun ranks, SLURM jobs submitted from here). The suite runs 3 workers on 2 cores, each starting
+# (trainings, torchrun ranks, SLURM jobs submitted from here). The suite runs 4 workers on 2 cores, each starting
 # trainings: torch's default (a thread per core) makes OpenMP threads wait for a core, and waiting threads spin. A
 # 20-step tiny training beside two busy processes: 3.1x the CPU and 2.3x the wall time on torch's default
 # (benchmarks/bench_test_threads.py; benchmarks/results/bench_test_threads_2026-11-29.txt).
