@@ -114,3 +114,13 @@ def test_models_outside_the_recipe_are_refused_in_one_line():
             "drope", "none")
     with pytest.raises(ValueError, match="model.position_embedding_type=none: use rope"):
         ModelConfig(**base, position_embedding_type="none").check_positions("drope", "none")
+
+
+def test_the_tables_rows_name_back_and_use_the_modules_default_share():
+    from megatron_ext.positions.drope import DEFAULT_SHARE
+    from pretrain.naming import method_name
+    from pretrain.table import DROPE_SHARE, METHODS
+
+    assert DROPE_SHARE == DEFAULT_SHARE
+    for name in ("drope", "drope_2x", "posaug_drope"):
+        assert method_name(PositionConfig(**METHODS[name].position_fields(WINDOW)), WINDOW) == name
