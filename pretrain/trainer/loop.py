@@ -181,6 +181,11 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
         print(engine.model.module.rope_paths, flush=True)  # which RoPE kernel each layer takes
     if rank == 0:
         print(f"speed: {_speed_summary(config, engine)}", flush=True)
+    if rank == 0 and sampler.switch_step is not None:  # DroPE: where the run drops RoPE (megatron_ext.positions.drope)
+        switch = sampler.switch_step
+        print("DroPE: every step without RoPE (a recalibration run)" if switch == 0 else
+              f"DroPE: steps 1-{switch} with RoPE ({config.positions.drope_pretraining}), steps {switch + 1}-"
+              f"{total_iters} without RoPE (recalibration; the learning-rate schedule restarts)", flush=True)
 
     start = 0
     if resume.candidates:

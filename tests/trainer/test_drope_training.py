@@ -18,8 +18,9 @@ DROPE = [*TINY_TRAIN, f"schedule.train_iters={STEPS}", "positions.strategy=drope
 def drope_run(tiny_shards, tmp_path_factory):
     """Eight steps in one process, a checkpoint after every step."""
     run_dir = tmp_path_factory.mktemp("drope")
-    run_train([*DROPE, f"data.data_path={tiny_shards}", f"checkpoint.save={run_dir}", "checkpoint.save_interval=1",
-               "checkpoint.keep_last=10"])
+    run = run_train([*DROPE, f"data.data_path={tiny_shards}", f"checkpoint.save={run_dir}",
+                     "checkpoint.save_interval=1", "checkpoint.keep_last=10"])
+    assert "DroPE: steps 1-6 with RoPE (none), steps 7-8 without RoPE" in run.stdout
     return run_dir
 
 
@@ -55,7 +56,7 @@ def test_a_recalibration_run_from_a_rope_checkpoint_trains_every_step_without_ro
     source = drope_run / f"iter_{SWITCH:07d}"  # still a RoPE model: the last pretraining step
     run = run_train([*TINY_TRAIN, "schedule.train_iters=3", "positions.strategy=drope", "positions.drope_share=1",
                      f"data.data_path={tiny_shards}", f"checkpoint.load={source}", f"checkpoint.save={tmp_path}"])
-    assert "initialised weights from" in run.stdout
+    assert "initialised weights from" in run.stdout and "DroPE: every step without RoPE" in run.stdout
     assert set(tensorboard_scalars(tmp_path, "positions/max_position").values()) == {0.0}
     lr = tensorboard_scalars(tmp_path, "train/lr")
     assert [lr[1], lr[2]] == pytest.approx([1.5e-3, 3e-3])  # a fresh schedule: the run's 2 warmup steps
