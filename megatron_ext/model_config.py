@@ -274,6 +274,13 @@ class ModelConfig:
     def check_positions(self, strategy: str, rope_scaling: str | None, layer_mode: str = "all") -> None:
         """Refuse position settings that would drop the model's own Llama 3 scaling or local RoPE base, or that scale
         no layer (ValueError naming them)."""
+        if strategy == "drope" and self.position_embedding_type != "rope":
+            raise ValueError(f"positions.strategy=drope pretrains with RoPE and then drops it, but "
+                             f"model.position_embedding_type={self.position_embedding_type}: use rope")
+        if strategy == "drope" and self.window_size is not None:
+            raise ValueError("positions.strategy=drope drops the positional embeddings of full-attention models (the "
+                             "DroPE paper's recipe; it compares sliding-window hybrids as another architecture): drop "
+                             "model.window_size")
         if layer_mode == "global" and not any(self.global_rope_layers() or []):
             raise ValueError("positions.layer_mode=global scales the full-attention RoPE layers of a model with "
                              "sliding-window layers: set model.window_size and model.window_attn_skip_freq with a "

@@ -126,6 +126,8 @@ SSMAX = (("ssmax_scale", lambda window: 1.0 / math.log(window)),)  # s·log w = 
 SWA_HYBRID = {"window_attn_skip_freq": 2}
 SWA_WINDOW = (("window_size", lambda window: window // 8),)
 POSAUG_GLOBAL = {**POSAUG, "layer_mode": "global"}  # PosAug on the global layers only: local ones keep i
+DROPE_SHARE = 0.02  # megatron_ext.positions.drope.DEFAULT_SHARE (this module imports no torch-side package)
+DROPE = {"strategy": "drope", "drope_share": DROPE_SHARE}
 
 METHODS: dict[str, Method] = {
     "baseline": Method({"strategy": "none"}, shipped=True),
@@ -157,6 +159,11 @@ METHODS: dict[str, Method] = {
     # The 2026 challengers. Randomized YaRN (megatron_ext/positions/randomized_yarn.py): RPE's sorted subsets of
     # [0, L_t), L_t growing from w to L = 8w in the paper's stages, under YaRN at s = L / w, evaluated with that YaRN.
     "ryarn": Method({"strategy": "ryarn"}, max_position_in_windows=EXTRAPOLATION, shipped=True),
+    # DroPE (megatron_ext/positions/drope.py): RoPE, then the last 2 % of the steps without any positional embedding
+    # (the top of the paper's 0.5-2 % recalibration budget), twice that share, and PosAug before the switch.
+    "drope": Method(DROPE, shipped=True),
+    "drope_2x": Method({**DROPE, "drope_share": 2 * DROPE_SHARE}, shipped=True),
+    "posaug_drope": Method({**POSAUG, **DROPE, "drope_pretraining": "posaug"}, shipped=True),
 }
 SHIPPED_METHODS = tuple(name for name, method in METHODS.items() if method.shipped)
 # Former method names: refused on command lines with the current name, read as it from stored records (the task

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from . import drope
 from .randomized_yarn import DEFAULT_STAGES, INFERENCE_KINDS, inference_factor
 from .scaling import ROPE_SCALING_KINDS
 
-STRATEGIES = ("none", "posaug", "random_base", "rfs", "rpe", "warp", "pose", "ryarn")
+STRATEGIES = ("none", "posaug", "random_base", "rfs", "rpe", "warp", "pose", "ryarn", "drope")
 ALPHA_DISTRIBUTIONS = ("uniform", "log_uniform", "discrete", "cycle", "fixed")
 CURRICULA = ("none", "linear", "step")
 LAYER_MODES = ("all", "bottom", "top", "independent", "global")
@@ -17,10 +18,10 @@ GRANULARITIES = ("per_step", "per_sample")
 # What each strategy's paper does when positions.granularity is not set: PosAug draws alpha
 # per step and Ruoss et al. (RPE) "per batch"; RFS samples per sequence; index warping
 # warps "a fraction of instances"; PoSE draws its chunks and biases per training example; Randomized YaRN assigns
-# its sampled positions per batch.
+# its sampled positions per batch; DroPE pretrains with plain RoPE (or PosAug, per step).
 DEFAULT_GRANULARITY = {"none": "per_step", "posaug": "per_step", "random_base": "per_step",
                        "rfs": "per_sample", "rpe": "per_step", "warp": "per_sample", "pose": "per_sample",
-                       "ryarn": "per_step"}
+                       "ryarn": "per_step", "drope": "per_step"}
 
 # Positions are float32; integers above 2**24 are no longer exactly representable.
 MAX_POSITION_LIMIT = 2**24
@@ -90,7 +91,7 @@ def _floats(field: str, value: object) -> tuple[float, ...]:
 class PositionConfig:
     """Position strategy and its hyperparameters (YAML keys `positions.<field>`)."""
 
-    strategy: str = "none"  # none | posaug | random_base | rfs | rpe | warp | pose | ryarn
+    strategy: str = "none"  # none | posaug | random_base | rfs | rpe | warp | pose | ryarn | drope
     # per_step: one draw shared by the whole global batch of an optimizer step; per_sample: one
     # draw per sequence, keyed by its index in the global batch. None = the strategy's paper
     # default (DEFAULT_GRANULARITY). per_sample positions are [b, s] and use unfused RoPE.
@@ -127,6 +128,10 @@ class PositionConfig:
     # and the length curriculum: stage k of equal shares of the run draws from {0..L_k-1}, L_k = w + f_k (L - w).
     ryarn_factor: float | None = None
     ryarn_stages: tuple[float, ...] = DEFAULT_STAGES
+    # drope (DroPE, megatron_ext/positions/drope.py): the last drope_share of the optimizer steps train without
+    # RoPE (1 = every step: a recalibration run from checkpoint.load); before them the drope_pretraining strategy.
+    drope_share: float = drope.DEFAULT_SHARE
+    drope_pretraining: str = "none"  # none | posaug
     # Legacy spelling of granularity (configs saved before it existed): true = per_sample,
     # false = per_step. Folded into granularity and reset to None on construction.
     per_sample: bool | None = None
@@ -247,6 +252,7 @@ class PositionConfig:
             if self.rope_scaling_factor < 1:
                 raise _err("rope_scaling_factor", "None or >= 1", self.rope_scaling_factor)
         self._check_ryarn()
+        self._check_drope()
         self._resolve_granularity()
 
     def _check_ryarn(self) -> None:
@@ -263,6 +269,20 @@ class PositionConfig:
             raise ValueError(f"positions.rope_scaling={self.rope_scaling} would replace the YaRN that strategy ryarn "
                              "trains with: use none (its own YaRN) or yarn with a larger rope_scaling_factor")
 
+    def _check_drope(self) -> None:
+        self.drope_share = _float("drope_share", self.drope_share)
+        if not 0.0 < self.drope_share <= 1.0:
+            raise _err("drope_share", "in (0, 1] (the share of the run's steps that recalibrate without RoPE)",
+                       self.drope_share)
+        self.drope_pretraining = _choice("drope_pretraining", self.drope_pretraining, drope.PRETRAINING)
+        if self.strategy == "drope" and self.rope_scaling != "none":
+            raise ValueError(f"positions.rope_scaling={self.rope_scaling} scales RoPE, which strategy drope removes "
+                             "from every layer after its switch: use rope_scaling=none")
+
+    def pretraining_strategy(self) -> str:
+        """The strategy whose positions a run trains with before any DroPE switch (the strategy itself otherwise)."""
+        return self.drope_pretraining if self.strategy == "drope" else self.strategy
+
     def _resolve_granularity(self) -> None:
         if self.granularity is not None:
             self.granularity = _choice("granularity", self.granularity, GRANULARITIES)
@@ -276,7 +296,7 @@ class PositionConfig:
             self.granularity, self.per_sample = legacy, None
         if self.granularity is None:
             self.granularity = DEFAULT_GRANULARITY[self.strategy]
-        if (self.granularity == "per_sample" and self.strategy == "posaug"
+        if (self.granularity == "per_sample" and self.pretraining_strategy() == "posaug"
                 and self.alpha_distribution == "cycle"):
             raise ValueError(
                 "positions.alpha_distribution=cycle walks alpha_values one per optimizer step, so "

@@ -22,10 +22,12 @@ per_sample adds one generator and one small RNG call per sequence of the microba
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import documents as per_document
-from . import randomized_yarn, strategies
+from . import drope, randomized_yarn, strategies
 from .config import PositionConfig
 from .draws import PositionDraws, as_device
 from .pose import pose_positions
@@ -63,13 +65,32 @@ class PositionSampler(PositionDraws):
         self.train_seq_len = int(train_seq_len)
         if config.layer_mode == "global" and global_layers is not None:
             self._global_mask(torch.device("cpu"))  # validates: at least one layer to scale
+        # drope: the pretraining strategy's own sampler before the switch (its draws, bitwise), none after it.
+        self._pretraining: PositionSampler | None = None
+        self.switch_step: int | None = None
+        if config.strategy == "drope":
+            self._pretraining = PositionSampler(
+                dataclasses.replace(config, strategy=config.drope_pretraining), seed=seed,
+                train_seq_len=train_seq_len, num_layers=num_layers, rotary_dim=rotary_dim, rotary_base=rotary_base,
+                total_steps=total_steps, global_layers=global_layers)
+            self.switch_step = drope.switch_step(total_steps, config.drope_share)
 
     # ------------------------------------------------------------------ public API
 
     @property
     def needs_per_sample(self) -> bool:
         """True when training positions differ per sequence ([b, s]; the model must use unfused RoPE)."""
+        if self._pretraining is not None:
+            return self._pretraining.needs_per_sample
         return self.config.granularity == "per_sample" and self.config.strategy != "none"
+
+    def phase(self, trained_steps: int | None) -> str | None:
+        """DroPE's phase of a checkpoint after `trained_steps` steps (None: the finished run); None for others."""
+        if self.switch_step is None:
+            return None
+        if trained_steps is None:
+            return "recalibration"
+        return drope.phase(trained_steps, self.total_steps, self.config.drope_share)
 
     def training(self, step: int, seq_len: int, *, first_sample: int, batch_size: int,
                  device: torch.device | str | None = None, lengths: torch.Tensor | None = None,
@@ -102,6 +123,11 @@ class PositionSampler(PositionDraws):
         if lengths is not None:
             _check_lengths(lengths, seq_len, batch_size)
         device = as_device(device)
+        if self._pretraining is not None:
+            if step < self.switch_step:
+                return self._pretraining.training(step, seq_len, first_sample=first_sample, batch_size=batch_size,
+                                                  device=device, lengths=lengths, documents=documents)
+            return self._no_rope(seq_len, as_device(device), documents)
         samples = range(first_sample, first_sample + batch_size) if self.needs_per_sample else None
         cfg = self.config
         if documents is not None:
@@ -140,12 +166,20 @@ class PositionSampler(PositionDraws):
             return self._ryarn(strategies.rpe_positions(keys, seq_len, lengths), device)
         raise AssertionError(f"unhandled strategy {cfg.strategy!r}")  # guarded by PositionConfig
 
-    def evaluation(self, seq_len: int, device: torch.device | str | None = None) -> RopePositions:
-        """Deterministic positions for evaluating at `seq_len`, plus positions.rope_scaling on top."""
+    def evaluation(self, seq_len: int, device: torch.device | str | None = None, *,
+                   trained_steps: int | None = None) -> RopePositions:
+        """Deterministic positions for evaluating at `seq_len`, plus positions.rope_scaling on top.
+
+        `trained_steps`: the optimizer steps the evaluated weights trained for; only DroPE reads it (a checkpoint
+        still in pretraining is the pretraining strategy's RoPE model; None = the finished run, without RoPE)."""
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1 (got {seq_len})")
         device = as_device(device)
         cfg = self.config
+        if self._pretraining is not None:
+            if self.phase(trained_steps) == "pretraining":
+                return self._pretraining.evaluation(seq_len, device)
+            return self._no_rope(seq_len, device, None)
         if cfg.strategy == "ryarn":
             # No sampling at inference (the paper): plain positions under YaRN at s, or at s' >= s.
             factor = randomized_yarn.inference_factor(cfg.ryarn_scale(self.train_seq_len), cfg.rope_scaling,
@@ -240,6 +274,13 @@ class PositionSampler(PositionDraws):
             keys = self._uniforms(step, samples, self._ryarn_range(step, seq_len), STREAM_POSITIONS, device)
             return self._ryarn(per_document.rpe_document_positions(keys, documents), device)
         raise AssertionError(f"unhandled strategy {cfg.strategy!r}")  # guarded by PositionConfig
+
+    @staticmethod
+    def _no_rope(seq_len: int, device: torch.device, documents: per_document.Documents | None) -> RopePositions:
+        """DroPE after its switch: every position 0, so every layer's angles are 0 (cos 1, sin 0: no rotation)."""
+        if documents is not None:
+            return RopePositions(torch.zeros(documents.index.shape, dtype=torch.float32, device=device))
+        return RopePositions(torch.zeros(seq_len, dtype=torch.float32, device=device))
 
     def _ryarn_range(self, step: int, seq_len: int) -> int:
         """L_t of step `step` under the length curriculum (at least seq_len: a subset of seq_len must fit)."""

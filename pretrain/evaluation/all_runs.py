@@ -89,7 +89,9 @@ def evaluate_all(root: str | Path, *, lengths: list[int] | None = None, data: st
         outcome["evaluated"].append(run.name)
         cliffs = ", ".join(f"cliff@{n} {e['cliff']['cliff']:+.3f}" for n, e in record["lengths"].items()
                            if e.get("cliff"))
-        say(f"[{index}/{len(todo)}] {run.name} ({run.size}, {run.method}, seed {run.seed}): "
+        phase = (record.get("run_info") or {}).get("phase")
+        say(f"[{index}/{len(todo)}] {run.name} ({run.size}, {run.method}, seed {run.seed}"
+            f"{f', DroPE {phase}' if phase else ''}): "
             f"{cliffs or 'evaluated'} in {time.time() - started:.0f}s")
     if downstream:  # lm-eval tasks, after the loss evaluation wrote each run's record
         finished = [run for run in runs if run.finished]

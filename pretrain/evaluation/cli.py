@@ -115,6 +115,8 @@ def _run(args) -> int:
     plot = None
     if record["lengths"]:  # beside the JSON: a null result shows at a glance
         plot = report.plot_loss_curves([record], path.with_suffix(".png"))
+    if (record.get("run_info") or {}).get("phase"):
+        print(f"DroPE phase: {record['run_info']['phase']} (checkpoint after step {record['run_info']['iteration']})")
     for length, entry in record["lengths"].items():
         cliff = entry.get("cliff")
         extra = f"  cliff {cliff['cliff']:+.4f} (in {cliff['in_dist']:.4f}, ood {cliff['ood']:.4f})" if cliff else ""

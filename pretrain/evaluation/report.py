@@ -105,8 +105,11 @@ def record_size(record: dict) -> str:
 
 
 def record_method(record: dict) -> str:
-    """The method a record belongs to: its `method` (set by `eval all`), else its label."""
-    return record.get("method") or record.get("label") or default_label(record["run"])
+    """The method a record belongs to: its `method` (set by `eval all`), else its label; a DroPE checkpoint from
+    before its switch (a RoPE model still) is named so, apart from the recalibrated run."""
+    method = record.get("method") or record.get("label") or default_label(record["run"])
+    phase = (record.get("run_info") or {}).get("phase")
+    return f"{method} ({phase})" if phase == "pretraining" else method
 
 
 def aggregate(records: list[dict], baseline: str | None = None) -> list[dict]:

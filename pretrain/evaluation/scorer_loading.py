@@ -93,7 +93,16 @@ def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int 
                        extra={"iteration": state.get("iteration"), "positions": plain_fields(config.positions),
                               "data_path": config.data.data_path, "consumed_samples": state.get("consumed_samples"),
                               "size": size_name(config.model),
-                              "method": method_name(config.positions, window, config.model)})
+                              "method": method_name(config.positions, window, config.model),
+                              "train_iters": config.train_iters()})
+        if config.positions.strategy == "drope":  # which model the weights are: RoPE (pretraining) or without it
+            from megatron_ext.positions.drope import phase
+
+            info.extra["phase"] = phase(state.get("iteration") or 0, config.train_iters(),
+                                        config.positions.drope_share)
+            if rope_scaling not in (None, "none"):
+                raise ValueError(f"--rope-scaling {rope_scaling} scales RoPE, which this DroPE run removes from every "
+                                 "layer: drop --rope-scaling")
         scaling = _scaling(rope_scaling, factor, window)
         config.model.check_positions(config.positions.strategy, None if scaling is None else scaling.kind)
         if scaling is not None and config.positions.strategy == "ryarn":

@@ -71,7 +71,7 @@ class Scorer(abc.ABC):
         # The run's own evaluation rule (alpha = 1, RFS eval positions, warp -> PI, its rope_scaling).
         self._sampler = build_sampler(config, seed=info.seed or 0, train_seq_len=info.train_window,
                                       num_layers=num_layers, rotary_dim=self.rotary_dim,
-                                      rotary_base=self.rotary_base, total_steps=1)
+                                      rotary_base=self.rotary_base, total_steps=info.extra.get("train_iters") or 1)
 
     @property
     def train_window(self) -> int:
@@ -80,7 +80,8 @@ class Scorer(abc.ABC):
 
     def eval_positions(self, seq_len: int) -> RopePositions:
         """The run's evaluation positions for seq_len, with the --rope-scaling override on top."""
-        rope = self._sampler.evaluation(seq_len)
+        # DroPE: a checkpoint from before its switch is the RoPE model it was then (None: the finished run)
+        rope = self._sampler.evaluation(seq_len, trained_steps=self.info.extra.get("iteration"))
         if self.rope_scaling is None or self.rope_scaling.kind == "none":
             return rope
         inv_freq, factor = scaled_inv_freq(self.rotary_dim, self.rotary_base, self.rope_scaling, seq_len)

@@ -16,8 +16,8 @@ PAPER_METHODS = ("baseline", "posaug", "posaug_step", "posaug_log_uniform", "rfs
 MODERN_METHODS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope")
 # What production models train with (local/global attention, RNoPE-SWA, sinks, QK-norm), two with PosAug.
 RECIPE_METHODS = ("swa_hybrid", "posaug_swa_hybrid", "rnope_swa", "sinks", "qknorm", "posaug_qknorm")
-# The 2026 challengers (issue 69): Randomized YaRN.
-CHALLENGER_METHODS = ("ryarn",)
+# The 2026 challengers (issue 69): Randomized YaRN; DroPE (its recalibration share and twice it, after PosAug).
+CHALLENGER_METHODS = ("ryarn", "drope", "drope_2x", "posaug_drope")
 # Every method row `reproduce --preset P --methods ...` trains, locally and as `reproduce --slurm --preset P`.
 TRAINING_METHODS = PAPER_METHODS + MODERN_METHODS + RECIPE_METHODS + CHALLENGER_METHODS
 # The default presets stay within ~30 min on 2 cores: NoPE/ALiBi rows (Table 15) run in cpu-long and

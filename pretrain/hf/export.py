@@ -13,6 +13,8 @@ failed export never leaves a half-written or emptied output. Weight names come f
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import shutil
@@ -225,6 +227,30 @@ def publish(tmp: Path, output: Path) -> None:
     os.replace(tmp, output)
 
 
+def drope_dropped(train_config, record: dict):
+    """The ModelConfig a recalibrated DroPE checkpoint runs as (every layer NoPE, Llama 4 text), None for any other
+    checkpoint (a DroPE one still in pretraining is its RoPE model); ValueError for what Llama 4 cannot express."""
+    from megatron_ext.positions.drope import phase
+
+    positions = train_config.positions
+    if positions.strategy != "drope" or phase(record.get("iteration") or 0, train_config.train_iters(),
+                                              positions.drope_share) == "pretraining":
+        return None
+    from pretrain.hf.llama4 import check_llama4_exportable
+    from pretrain.hf.qwen3 import uses_qwen
+
+    model = train_config.model
+    if uses_qwen(model):
+        raise ValueError("cannot export: a DroPE model with QK-norm (model.qk_layernorm) has no transformers "
+                         "architecture without RoPE (Llama 4 text has no per-head q/k RMSNorm; Qwen3 has no NoPE "
+                         "layers)")
+    if model.attn_temperature_tuning:
+        raise ValueError("cannot export: a DroPE model with attention temperature (model.attn_temperature_tuning) "
+                         "would get Llama 4's temperature on every layer, not only its NoPE-interleaved ones")
+    check_llama4_exportable(model)
+    return dataclasses.replace(model, no_rope_freq=1)
+
+
 def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: str | None = None,
                       no_tokenizer: bool = False, rope_scaling: str | None = None, factor: float | None = None,
                       eval_length: int | None = None, max_shard_size: str | int = "2GB",
@@ -244,6 +270,7 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     train_config = config_module.from_dict(record["config"])
     nope_interleaved = train_config.model.no_rope_freq is not None  # → Llama 4 text (pretrain.hf.llama4)
     check_exportable_to_any(train_config.model)
+    dropped = drope_dropped(train_config, record)  # a recalibrated DroPE model → Llama 4 text, every layer NoPE
     source = TokenizerSource(record, ckpt.resolve(checkpoint).parent, tokenizer, no_tokenizer,
                               train_config.model.vocab_size)
     scaling = rope_scaling_for(train_config, kind=rope_scaling, factor=factor, eval_length=eval_length)
@@ -256,7 +283,14 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, *, tokenizer: 
     metadata = training_metadata(record, train_config, scaling)
     from pretrain.hf.qwen3 import megatron_to_qwen, uses_qwen
 
-    if uses_qwen(train_config.model):  # QK-norm / sliding windows → Qwen3 / Qwen2 (pretrain.hf.qwen3)
+    if dropped is not None:
+        from pretrain.hf.llama4 import megatron_to_llama4
+
+        if scaling is not None:
+            raise ValueError("cannot export RoPE scaling for a DroPE model: it has no RoPE after its recalibration; "
+                             "drop --rope-scaling")
+        hf = megatron_to_llama4(state, dropped, **source.ids, **{TRAINING_METADATA_KEY: metadata})
+    elif uses_qwen(train_config.model):  # QK-norm / sliding windows → Qwen3 / Qwen2 (pretrain.hf.qwen3)
         hf = megatron_to_qwen(state, train_config.model, rope_scaling=scaling, **source.ids,
                               **{TRAINING_METADATA_KEY: metadata})
     elif nope_interleaved:

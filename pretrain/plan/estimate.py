@@ -166,7 +166,7 @@ def build_plan(config, layout: Layout, gpu_name: str, mfu: float | None = None,
     tokens = config.train_tokens()
     iterations = config.train_iters()
     per_step = config.tokens_per_iteration()
-    notes = []
+    notes = [] if config.positions.strategy != "drope" else [drope_budget(config, iterations, per_step)]
     if layout.precision == "fp8":
         if gpu.fp8_tflops is None:
             raise ValueError(f"--gpu {gpu_name} has no FP8 tensor cores; use --precision bf16")
@@ -186,3 +186,15 @@ def build_plan(config, layout: Layout, gpu_name: str, mfu: float | None = None,
                 peak_tflops=peak, mfu=used_mfu, mfu_source=source, step_seconds=step,
                 tokens_per_second=per_step / step, wall_seconds=wall, gpu_hours=wall * layout.world / 3600,
                 notes=notes)
+
+
+def drope_budget(config, iterations: int, per_step: int) -> str:
+    """DroPE's two phases within the run's budget (megatron_ext/positions/drope.py): the note `plan` prints."""
+    from megatron_ext.positions.drope import switch_step
+
+    switch = switch_step(iterations, config.positions.drope_share)
+    pretraining = config.positions.drope_pretraining
+    return (f"DroPE: steps 1-{switch:,} pretrain with {'RoPE' if pretraining == 'none' else pretraining + ' RoPE'} "
+            f"({switch * per_step:,} tokens), steps {switch + 1:,}-{iterations:,} recalibrate without RoPE "
+            f"({(iterations - switch) * per_step:,} tokens, {100 * (iterations - switch) / iterations:.3g} %): "
+            "the total is the run's budget, a baseline's")

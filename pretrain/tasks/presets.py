@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pretrain.table import I_ROPE, I_ROPE_FLOOR, P_ROPE, SSMAX, SWA_HYBRID, SWA_WINDOW
+from pretrain.table import DROPE, DROPE_SHARE, I_ROPE, I_ROPE_FLOOR, P_ROPE, SSMAX, SWA_HYBRID, SWA_WINDOW
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,10 @@ METHODS.update({
     # Randomized YaRN (issue 69): its range, as RPE's, covers the longest evaluation input, YaRN at s = L / w;
     # one draw per batch, as its paper.
     "ryarn": Method({}, {"strategy": "ryarn"}, max_position="eval"),
+    # DroPE (issue 69): the last 2 % of the task's steps without RoPE (twice that), PosAug before the switch.
+    "drope": Method({}, DROPE),
+    "drope_2x": Method({}, {**DROPE, "drope_share": 2 * DROPE_SHARE}),
+    "posaug_drope": Method({}, {**POSAUG_POSITIONS, **DROPE, "drope_pretraining": "posaug"}),
 })
 
 

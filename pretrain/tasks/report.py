@@ -165,7 +165,11 @@ METHOD_DEVIATIONS = {
              "an example of n tokens takes the row's first n positions, which reach less far into [0, L) than the "
              "n-subset RPE draws per example; its length curriculum splits the task's training steps in equal "
              "stages (the paper's are epochs).",
+    "drope": "DroPE recalibrates without RoPE on the last 2 % of the task's training steps (the paper: 0.5-2 % of "
+             "a pretrained model's tokens, as a separate run with a fresh optimizer): at the suite's budgets that "
+             "is a handful of steps, and the Adam moments carry over the switch.",
 }
+METHOD_DEVIATIONS["drope_2x"] = METHOD_DEVIATIONS["posaug_drope"] = METHOD_DEVIATIONS["drope"]
 
 
 def _any_unpaired(versus: dict) -> bool:

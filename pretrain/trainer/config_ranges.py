@@ -75,7 +75,7 @@ RANGES: dict[str, Range] = {
     "positions.base_min_factor": POSITIVE, "positions.base_max_factor": POSITIVE,
     "positions.max_position": AT_LEAST_1, "positions.pose_chunks": AT_LEAST_1, "positions.p_head": FRACTION,
     "positions.p_tail": FRACTION, "positions.head_alpha_fixed": Range(0.0, 1.0, low_open=True),
-    "positions.ryarn_factor": Range(1.0),
+    "positions.ryarn_factor": Range(1.0), "positions.drope_share": Range(0.0, 1.0, low_open=True),
     "positions.rope_scaling_factor": Range(1.0),
     # data
     "data.task_min_length": AT_LEAST_1, "data.task_max_length": AT_LEAST_1,

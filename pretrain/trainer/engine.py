@@ -23,6 +23,7 @@ from megatron_ext.positions.documents import Documents
 from pretrain.trainer import optimizer_step
 from pretrain.trainer.config import OptimizerSettings
 from pretrain.trainer.hang_diagnosis import StepCounters
+from pretrain.trainer.recalibration import RecalibrationSchedule
 
 
 class StepResult:
@@ -71,7 +72,8 @@ class Engine:
     """This rank's model chunks (one per virtual pipeline stage) in Megatron DDP, with optimizer and LR scheduler."""
 
     def __init__(self, model: ModelConfig, parallel: ParallelConfig, optim: OptimizerSettings,
-                 train_iters: int, *, per_sample_positions: bool = False) -> None:
+                 train_iters: int, *, per_sample_positions: bool = False,
+                 recalibration_start: int | None = None) -> None:
         from megatron.core import parallel_state
         from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                                finalize_model_grads)
@@ -129,17 +131,25 @@ class Engine:
         self.adam_fused = torch.cuda.is_available() if optim.adam_fused is None else optim.adam_fused
         if self.adam_fused:
             optimizer_step.use_fused_adam(self.optimizer)
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
-            lr_warmup_steps=optim.lr_warmup_iters, lr_decay_steps=max(train_iters, 1),
-            lr_decay_style=optim.lr_decay_style, start_wd=optim.weight_decay,
-            end_wd=optim.weight_decay, wd_incr_steps=max(train_iters, 1), wd_incr_style="constant")
+        if recalibration_start:  # DroPE switching inside the run: the schedule restarts there
+            self.scheduler = RecalibrationSchedule(
+                self.optimizer, start=recalibration_start, total_steps=train_iters, max_lr=optim.lr,
+                min_lr=optim.min_lr, warmup_iters=optim.lr_warmup_iters, decay_style=optim.lr_decay_style,
+                weight_decay=optim.weight_decay)
+        else:
+            self.scheduler = OptimizerParamScheduler(
+                self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
+                lr_warmup_steps=optim.lr_warmup_iters, lr_decay_steps=max(train_iters, 1),
+                lr_decay_style=optim.lr_decay_style, start_wd=optim.weight_decay,
+                end_wd=optim.weight_decay, wd_incr_steps=max(train_iters, 1), wd_incr_style="constant")
 
     def train_step(self, batches: Iterator[dict], sampler: PositionSampler, step: int,
                    num_microbatches: int, micro_batch_size: int, seq_length: int) -> StepResult:
         """Forward/backward over `num_microbatches` (any pipeline schedule), then one optimizer step."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        if isinstance(self.scheduler, RecalibrationSchedule):
+            self.scheduler.begin(step)
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -247,8 +257,9 @@ class Engine:
 
     @torch.no_grad()
     def evaluate(self, batches: Iterator[dict], sampler: PositionSampler, num_microbatches: int,
-                 micro_batch_size: int, seq_length: int) -> float:
-        """Mean loss over `num_microbatches` with evaluation positions (forward only)."""
+                 micro_batch_size: int, seq_length: int, trained_steps: int | None = None) -> float:
+        """Mean loss over `num_microbatches` with evaluation positions (forward only); `trained_steps`: the steps
+        the weights trained for (DroPE validates a pretraining-phase model with its RoPE)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         for chunk in self.chunks:
@@ -256,7 +267,7 @@ class Engine:
         try:
             losses = get_forward_backward_func()(
                 forward_step_func=_ForwardStep(sampler, None, seq_length, micro_batch_size, num_microbatches,
-                                               self.progress),
+                                               self.progress, trained_steps=trained_steps),
                 data_iterator=self._per_chunk(batches),
                 model=self.chunks, num_microbatches=num_microbatches, seq_length=seq_length,
                 micro_batch_size=micro_batch_size, forward_only=True)
@@ -270,10 +281,12 @@ class _ForwardStep:
     """Megatron forward_step_func: fetch a microbatch, make its positions, run the model."""
 
     def __init__(self, sampler: PositionSampler, step: int | None, seq_length: int, micro_batch_size: int,
-                 num_microbatches: int, progress: StepCounters | None = None) -> None:
+                 num_microbatches: int, progress: StepCounters | None = None, *,
+                 trained_steps: int | None = None) -> None:
         from megatron.core import parallel_state
 
         self.sampler, self.step, self.seq_length = sampler, step, seq_length
+        self.trained_steps = trained_steps
         self.progress = progress or StepCounters()
         self.micro_batch_size = micro_batch_size
         # Schedules call each model chunk in microbatch order, so counting per chunk gives every
@@ -301,7 +314,7 @@ class _ForwardStep:
         self.progress.microbatch += 1  # the hang watchdog's counter: forward passes started, all chunks
         # Full-length positions first: a position depends on its place in the whole sequence.
         if self.step is None:
-            positions = self.sampler.evaluation(tokens.shape[1], device=device)
+            positions = self.sampler.evaluation(tokens.shape[1], device=device, trained_steps=self.trained_steps)
         else:
             first_sample = self.rank_first_sample + microbatch * self.micro_batch_size
             # position_length stays on the CPU: the sampler range-checks it without a device sync.

@@ -174,12 +174,18 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                             rotary_base=config.model.rotary_base, total_steps=total_iters,
                             global_layers=config.model.global_rope_layers())
     engine = Engine(config.model, config.parallel, config.optimizer, total_iters,
-                    per_sample_positions=sampler.needs_per_sample or config.data.document_masking)
+                    per_sample_positions=sampler.needs_per_sample or config.data.document_masking,
+                    recalibration_start=sampler.switch_step)
     engine.progress = watchdog.counters
     if rank == 0 and getattr(engine.model.module, "rope_paths", None):
         print(engine.model.module.rope_paths, flush=True)  # which RoPE kernel each layer takes
     if rank == 0:
         print(f"speed: {_speed_summary(config, engine)}", flush=True)
+    if rank == 0 and sampler.switch_step is not None:  # DroPE: where the run drops RoPE (megatron_ext.positions.drope)
+        switch = sampler.switch_step
+        print("DroPE: every step without RoPE (a recalibration run)" if switch == 0 else
+              f"DroPE: steps 1-{switch} with RoPE ({config.positions.drope_pretraining}), steps {switch + 1}-"
+              f"{total_iters} without RoPE (recalibration; the learning-rate schedule restarts)", flush=True)
 
     start = 0
     if resume.candidates:
@@ -284,7 +290,8 @@ def _train_watched(config: TrainConfig, stop: StopSignal, resume: checkpoint.Res
                 valid = itertools.chain.from_iterable(
                     step_batches(valid_data, k, gbs, dp_rank, dp_size, mbs) for k in range(eval_batches))
                 with long_section(f"validation after step {done}", "validation"):
-                    valid_loss = engine.evaluate(valid, sampler, num_microbatches * eval_batches, mbs, seq)
+                    valid_loss = engine.evaluate(valid, sampler, num_microbatches * eval_batches, mbs, seq,
+                                                 trained_steps=done)
                 metrics.scalars(done, {"valid/loss": valid_loss})
                 metrics.console(f"step {done} | validation loss {valid_loss:.4f} (evaluation positions)")
             watchdog.counters.enter("the stop check")  # a collective: a rank before it is behind

@@ -39,6 +39,9 @@ STRATEGIES = {
     "warp": {"strategy": "warp", "p_head": 0.4, "p_tail": 0.4},
     "pose": {"strategy": "pose", "max_position": 256},
     "ryarn": {"strategy": "ryarn", "max_position": 256, "ryarn_stages": [0.5, 1.0]},  # 3 steps: both stages
+    # DroPE: 3 steps, the last without RoPE (1 of 3 recalibrates), plain RoPE or PosAug before it
+    "drope": {"strategy": "drope", "drope_share": 0.34},
+    "posaug_drope": {"strategy": "drope", "drope_pretraining": "posaug", "drope_share": 0.34},
     "prope": {},
     "irope": {},
     "ssmax": {},
@@ -206,7 +209,8 @@ def main():
         optimizer = OptimizerSettings(lr=1e-3, min_lr=1e-3, lr_decay_style="constant", clip_grad=0.0, adam_eps=1e-4)
         engine = Engine(model, parallel, optimizer,
                         train_iters=args.steps,
-                        per_sample_positions=sampler.needs_per_sample or document_masking)
+                        per_sample_positions=sampler.needs_per_sample or document_masking,
+                        recalibration_start=sampler.switch_step)
         if (name, bf16) in references:
             load_stage(engine, references[(name, bf16)], first_layer)
         losses = []

@@ -19,13 +19,14 @@ def test_checked_in_file_equals_the_generator_output(path):
 def test_every_shipped_config_has_a_launcher_and_nothing_else_is_generated():
     configs = {p.stem for p in GENERATED if p.suffix == ".yaml"}
     launchers = {p.stem.removeprefix("pretrain_") for p in GENERATED if p.suffix == ".sh"}
-    assert configs == launchers and len(configs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) == 90
+    assert configs == launchers and len(configs) == len(TABLE1_SIZES) * len(SHIPPED_METHODS) == 105
 
 
 def test_a_posaug_composition_is_shipped_whenever_the_method_it_composes_is():
     compositions = {name: name.removeprefix("posaug_") for name in METHODS if name.startswith("posaug_")}
     composed = [name for name, part in compositions.items() if part in METHODS]
-    assert composed == ["posaug_prope", "posaug_irope", "posaug_swa_hybrid", "posaug_qknorm"]
+    # posaug_drope composes PosAug's pretraining with DroPE's switch (a positions strategy, not model fields)
+    assert composed == ["posaug_prope", "posaug_irope", "posaug_swa_hybrid", "posaug_qknorm", "posaug_drope"]
     for name in composed:
         assert (name in SHIPPED_METHODS) == (compositions[name] in SHIPPED_METHODS), name
 
@@ -42,6 +43,16 @@ def test_a_shipped_composition_is_posaugs_positions_with_the_model_fields_of_its
     expected = {**posaug["positions"], **({"layer_mode": "global"} if "window_size" in alone["model"] else {})}
     assert both["positions"] == expected and both["positions"]["strategy"] == "posaug"
     assert both["model"] == alone["model"] != baseline["model"]
+
+
+@pytest.mark.parametrize("size", TABLE1_SIZES)
+def test_posaug_drope_is_posaugs_positions_until_drope_drops_them_at_drope_s_share(size):
+    def positions(method: str) -> dict:
+        return yaml.safe_load((REPO / "pretrain" / "configs" / f"{size}_{method}.yaml").read_text())["positions"]
+
+    posaug, drope, both = positions("posaug"), positions("drope"), positions("posaug_drope")
+    assert both == {**posaug, **drope, "drope_pretraining": "posaug"} and both["strategy"] == "drope"
+    assert positions("drope_2x")["drope_share"] == 2 * drope["drope_share"]
 
 
 def test_the_slurm_readme_lists_every_shipped_launcher():

@@ -188,3 +188,23 @@ def test_the_randomized_yarn_row_of_the_lm_table_draws_up_to_its_evaluation_leng
         config.positions.validate_for(config.model.seq_length)
         assert config.positions.strategy == "ryarn" and config.positions.max_position == 8 * preset.window
         assert config.positions.ryarn_scale(config.model.seq_length) == 8.0
+
+
+@pytest.mark.parametrize("method", ["drope", "drope_2x", "posaug_drope"])
+def test_the_drope_rows_of_the_lm_table_switch_inside_the_baselines_budget(method, tmp_path):
+    # The LM table's evidence command (`reproduce --preset cpu-small --methods drope drope_2x posaug_drope`): the
+    # baseline's steps, the last share of them without RoPE; the config loads at every CPU preset.
+    from megatron_ext.positions.drope import switch_step
+    from pretrain.experiments.reproduce import train_config
+
+    for name in ("cpu-small", "cpu-long", "cpu-tiny"):
+        preset = PRESETS[name]
+        config = train_config(preset, method, 42, "data/corpus", tmp_path / name, [])
+        baseline = train_config(preset, "baseline", 42, "data/corpus", tmp_path / f"{name}_b", [])
+        config.positions.validate_for(config.model.seq_length)
+        config.model.check_positions(config.positions.strategy, config.positions.rope_scaling)
+        steps = config.train_iters()
+        assert steps == baseline.train_iters() == preset.train_iters and config.positions.strategy == "drope"
+        assert 0 < switch_step(steps, config.positions.drope_share) < steps
+        pretraining = "posaug" if method == "posaug_drope" else "none"
+        assert config.positions.drope_pretraining == pretraining

@@ -237,3 +237,60 @@ def test_under_transformers_4_nope_interleaved_exports_to_equal_logits_and_prope
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt")[str(tmp_path / "irope")],
                                megatron_logits(model, tokens, torch.arange(32, dtype=torch.float32)),
                                atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def drope_checkpoint(megatron_world, tmp_path_factory):
+    """A tiny DroPE run of 2 steps, the second without RoPE (drope_share 0.5): a recalibrated checkpoint."""
+    from hf_save_checkpoint import tiny_config, train_and_save
+
+    config = tiny_config(str(tmp_path_factory.mktemp("drope")), groups=2, untied=False,
+                         positions={"strategy": "drope", "drope_share": 0.5})
+    return train_and_save(config)
+
+
+def test_a_recalibrated_drope_model_exports_to_llama4_text_without_rope_in_any_layer_with_equal_logits(
+        drope_checkpoint, tmp_path):
+    from hf_helpers import auto_model, megatron_logits, megatron_model, read_config, sample_tokens
+
+    export_checkpoint(drope_checkpoint, tmp_path / "hf", no_tokenizer=True)
+    config = read_config(tmp_path / "hf")
+    assert config["model_type"] == "llama4_text" and config["no_rope_layers"] == [0, 0, 0, 0]
+    assert config["attn_temperature_tuning"] is False
+    model, _ = megatron_model(drope_checkpoint)
+    tokens = sample_tokens(4 * S)  # 4x the window: no position is ever used
+    expected = megatron_logits(model, tokens, torch.zeros(4 * S))  # what the trainer and eval run it with
+    hf = auto_model(tmp_path / "hf")
+    torch.testing.assert_close(hf_logits(hf, tokens), expected, atol=1e-4, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens, use_cache=True).logits[..., :expected.shape[-1]], expected,
+                                   atol=1e-4, rtol=0)
+
+
+def test_a_drope_checkpoint_still_in_pretraining_exports_as_the_rope_model_it_is():
+    from megatron_ext.positions import PositionConfig
+    from pretrain.hf.export import drope_dropped
+    from pretrain.trainer.config import ScheduleConfig, TrainConfig
+
+    config = TrainConfig(model=model_preset("tiny"), positions=PositionConfig(strategy="drope", drope_share=0.5),
+                         schedule=ScheduleConfig(train_iters=10))
+    assert drope_dropped(config, {"iteration": 5}) is None  # steps 0-4 of 10: RoPE
+    assert drope_dropped(config, {"iteration": 6}).no_rope_freq == 1
+    qk = dataclasses.replace(config, model=model_preset("tiny", qk_layernorm=True))
+    with pytest.raises(ValueError, match="cannot export: a DroPE model with QK-norm") as error:
+        drope_dropped(qk, {"iteration": 10})
+    assert "\n" not in str(error.value)
+
+
+def test_eval_names_a_drope_checkpoints_phase_and_scores_it_without_rope_on_both_backends(drope_checkpoint):
+    from pretrain.evaluation.metrics import per_position_loss
+    from pretrain.evaluation.scorer_loading import load_scorer
+
+    hf, megatron = load_scorer(drope_checkpoint), load_scorer(drope_checkpoint, backend="megatron")
+    assert hf.backend == "hf" and hf.info.extra["phase"] == megatron.info.extra["phase"] == "recalibration"
+    assert not hf.eval_positions(4 * S).positions.any()
+    spans = torch.randint(0, 256, (2, 4 * S), generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(per_position_loss(hf, spans), per_position_loss(megatron, spans), atol=2e-5,
+                               rtol=1e-5)
+    with pytest.raises(ValueError, match="--rope-scaling yarn scales RoPE, which this DroPE run removes"):
+        load_scorer(drope_checkpoint, rope_scaling="yarn", factor=4.0)

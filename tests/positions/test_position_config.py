@@ -52,7 +52,7 @@ def test_invalid_numeric_parameter_is_rejected_with_its_field_and_value(override
 @pytest.mark.parametrize(
     "field, value, choices",
     [
-        ("strategy", "alibi", "none, posaug, random_base, rfs, rpe, warp, pose, ryarn"),
+        ("strategy", "alibi", "none, posaug, random_base, rfs, rpe, warp, pose, ryarn, drope"),
         ("alpha_distribution", "gaussian", "uniform, log_uniform, discrete, cycle, fixed"),
         ("curriculum", "cosine", "none, linear, step"),
         ("layer_mode", "middle", "all, bottom, top, independent, global"),

@@ -112,7 +112,8 @@ def test_paper_defaults_are_posaug_rpe_random_base_ryarn_per_step_and_rfs_warp_p
     assert DEFAULT_GRANULARITY == {"none": "per_step", "posaug": "per_step", "random_base": "per_step",
                                    "rpe": "per_step", "rfs": "per_sample", "warp": "per_sample",
                                    "pose": "per_sample",  # PoSE: skip offsets drawn per training example
-                                   "ryarn": "per_step"}  # Randomized YaRN: positions assigned per batch
+                                   "ryarn": "per_step",  # Randomized YaRN: positions assigned per batch
+                                   "drope": "per_step"}  # DroPE: plain RoPE (or PosAug's per-step alpha) first
 
 
 # Run in a fresh interpreter with a different default seed, as a separate rank would.

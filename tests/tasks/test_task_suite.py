@@ -236,8 +236,8 @@ def test_every_preset_task_budget_builds_a_valid_training_config(tmp_path):
 
 
 MODERN_ROWS = ("prope", "irope", "ssmax", "pose", "posaug_prope", "posaug_irope", "swa_hybrid", "posaug_swa_hybrid")
-# Opt-in rows: what current models ship and the 2026 challengers (Randomized YaRN).
-OPT_IN_ROWS = (*MODERN_ROWS, "ryarn")
+# Opt-in rows: what current models ship and the 2026 challengers (Randomized YaRN, DroPE).
+OPT_IN_ROWS = (*MODERN_ROWS, "ryarn", "drope", "drope_2x", "posaug_drope")
 
 
 def test_the_rows_current_models_ship_and_the_challengers_are_opt_in_and_the_defaults_stay_the_eight_rows():
@@ -291,3 +291,19 @@ def test_the_ryarn_row_draws_from_the_longest_evaluation_input_as_the_rpe_row_do
     rpe = run_config(preset, "reverse", "rpe", 42, tmp_path / "r")["positions"]
     longest = sequence_tokens("reverse", preset.eval_max("reverse"))
     assert ryarn == {"strategy": "ryarn", "max_position": longest} and rpe["max_position"] == longest
+
+
+def test_the_drope_rows_drop_rope_for_the_last_share_of_each_tasks_steps_at_the_baselines_budget(tmp_path):
+    from megatron_ext.positions.drope import switch_step
+    from pretrain.tasks.suite import PRESETS, run_config
+
+    for name in ("cpu-tiny", "cpu-long"):
+        preset = PRESETS[name]
+        for task in preset.tasks:
+            baseline = config_module.from_dict(run_config(preset, task, "baseline", 42, tmp_path / f"{name}_b"))
+            for method, share in (("drope", 0.02), ("drope_2x", 0.04), ("posaug_drope", 0.02)):
+                config = config_module.from_dict(run_config(preset, task, method, 42, tmp_path / f"{name}_{method}"))
+                config.validate(world_size=1)
+                steps = config.schedule.train_iters
+                assert steps == baseline.schedule.train_iters and config.positions.drope_share == share
+                assert 0 < switch_step(steps, share) < steps, (name, task, method)
