@@ -101,7 +101,7 @@ def export_gguf(checkpoint: str | Path, output: str | Path, *, gguf_type: str = 
                 llama_cpp: str | Path | None = None, check: bool = True, check_tokens: int | None = None,
                 **hf_options: Any) -> dict:
     """Write DIR/hf and DIR/model-TYPE.gguf (checked unless check=False); returns what was written and measured."""
-    from pretrain.hf.export import check_output, export_checkpoint, publish
+    from pretrain.hf.export import check_output, drope_dropped, export_checkpoint, publish
     from pretrain.hf.export_tokenizer import resolve_tokenizer_path
     from pretrain.trainer import checkpoint as ckpt
     from pretrain.trainer import config as config_module
@@ -112,7 +112,9 @@ def export_gguf(checkpoint: str | Path, output: str | Path, *, gguf_type: str = 
     check_output(output, bool(hf_options.get("overwrite")))
     record = ckpt.read_train_state(checkpoint)
     train_config = config_module.from_dict(record["config"])
-    check_llama_cpp_runs(train_config.model, _scaling_kind(hf_options.get("rope_scaling")))
+    # what the export will be: a recalibrated DroPE checkpoint is a model without RoPE in any layer
+    check_llama_cpp_runs(drope_dropped(train_config, record) or train_config.model,
+                         _scaling_kind(hf_options.get("rope_scaling")))
     tokenizer = resolve_tokenizer_path(record, hf_options.get("tokenizer"))
     if tokenizer:
         check_tokenizer_runs(tokenizer)  # before the weights; the exported files are checked again below

@@ -61,6 +61,10 @@ def check_llama_cpp_runs(model_config, scaling_kind: str) -> None:
         raise ValueError(f"cannot export to GGUF: p-RoPE (model.rope_proportion={proportion:g}): llama.cpp's llama "
                          "graph rotates every channel of a head and its converter ignores partial_rotary_factor; "
                          "use export-hf (transformers >= 5.5)")
+    if getattr(model_config, "no_rope_freq", None) == 1:
+        raise ValueError("cannot export to GGUF: no RoPE in any layer (a recalibrated DroPE checkpoint, or "
+                         "model.no_rope_freq=1): llama.cpp's one graph with NoPE layers, llama4, keeps RoPE in 3 of "
+                         "every 4 layers; use export-hf (Llama 4 text in transformers)")
     if getattr(model_config, "no_rope_freq", None) is not None:
         raise ValueError(f"cannot export to GGUF: NoPE-interleaved layers (model.no_rope_freq="
                          f"{model_config.no_rope_freq}): llama.cpp's llama4 fixes NoPE at every 4th layer with "

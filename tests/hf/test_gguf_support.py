@@ -88,9 +88,10 @@ def test_a_sentencepiece_unigram_tokenizer_is_refused_in_one_line(byte_level_tok
     ({}, "dynamic_ntk", "--rope-scaling dynamic_ntk"),
     ({"rope_proportion": 0.75}, "none", "p-RoPE"),
     ({"no_rope_freq": 2}, "none", "NoPE-interleaved"),
+    ({"no_rope_freq": 1}, "none", "no RoPE in any layer"),
     ({"window_size": 8, "qk_layernorm": True}, "none", "sliding-window"),
     ({"add_qkv_bias": True, "kv_channels": 8}, "none", "Qwen2"),
-], ids=["dynamic_ntk", "prope", "nope_interleaved", "sliding_window", "qwen2_head_dim"])
+], ids=["dynamic_ntk", "prope", "nope_interleaved", "nope_everywhere", "sliding_window", "qwen2_head_dim"])
 def test_what_llama_cpp_runs_otherwise_is_refused_in_one_line_naming_the_feature(options, scaling, feature):
     with pytest.raises(ValueError, match=f"cannot export to GGUF: {re.escape(feature)}.*; .*export") as error:
         check_llama_cpp_runs(model_preset("tiny", **options), scaling)

@@ -267,6 +267,15 @@ def test_a_recalibrated_drope_model_exports_to_llama4_text_without_rope_in_any_l
                                    atol=1e-4, rtol=0)
 
 
+def test_a_recalibrated_drope_model_is_refused_by_export_gguf_in_one_line_before_anything_is_written(
+        drope_checkpoint, tmp_path):
+    from pretrain.hf.gguf_export import export_gguf
+
+    with pytest.raises(ValueError, match="cannot export to GGUF: no RoPE in any layer .*; use export-hf") as error:
+        export_gguf(drope_checkpoint, tmp_path / "gguf")
+    assert "\n" not in str(error.value) and not list(tmp_path.iterdir())
+
+
 def test_a_drope_checkpoint_still_in_pretraining_exports_as_the_rope_model_it_is():
     from megatron_ext.positions import PositionConfig
     from pretrain.hf.export import drope_dropped
