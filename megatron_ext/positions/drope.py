@@ -66,6 +66,13 @@ def switch_step(total_steps: int, share: float) -> int:
     return total_steps - recalibration_steps(total_steps, share)
 
 
+def run_phase(positions, trained_steps: int | None, total_steps: int) -> str | None:
+    """The phase of a checkpoint of a run with these positions after `trained_steps` steps; None unless DroPE."""
+    if positions.strategy != "drope":
+        return None
+    return phase(trained_steps or 0, total_steps, positions.drope_share)
+
+
 def phase(trained_steps: int, total_steps: int, share: float) -> str:
     """'pretraining' for a checkpoint after `trained_steps` steps that never trained without RoPE, else
     'recalibration'."""

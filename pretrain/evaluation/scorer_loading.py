@@ -96,10 +96,9 @@ def load_scorer(source: str | Path, *, backend: str = "auto", train_window: int 
                               "method": method_name(config.positions, window, config.model),
                               "train_iters": config.train_iters()})
         if config.positions.strategy == "drope":  # which model the weights are: RoPE (pretraining) or without it
-            from megatron_ext.positions.drope import phase
+            from megatron_ext.positions.drope import run_phase
 
-            info.extra["phase"] = phase(state.get("iteration") or 0, config.train_iters(),
-                                        config.positions.drope_share)
+            info.extra["phase"] = run_phase(config.positions, state.get("iteration"), config.train_iters())
             if rope_scaling not in (None, "none"):
                 raise ValueError(f"--rope-scaling {rope_scaling} scales RoPE, which this DroPE run removes from every "
                                  "layer: drop --rope-scaling")

@@ -14,7 +14,6 @@ failed export never leaves a half-written or emptied output. Weight names come f
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import shutil
@@ -230,11 +229,9 @@ def publish(tmp: Path, output: Path) -> None:
 def drope_dropped(train_config, record: dict):
     """The ModelConfig a recalibrated DroPE checkpoint runs as (every layer NoPE, Llama 4 text), None for any other
     checkpoint (a DroPE one still in pretraining is its RoPE model); ValueError for what Llama 4 cannot express."""
-    from megatron_ext.positions.drope import phase
+    from megatron_ext.positions.drope import run_phase
 
-    positions = train_config.positions
-    if positions.strategy != "drope" or phase(record.get("iteration") or 0, train_config.train_iters(),
-                                              positions.drope_share) == "pretraining":
+    if run_phase(train_config.positions, record.get("iteration"), train_config.train_iters()) != "recalibration":
         return None
     from pretrain.hf.llama4 import check_llama4_exportable
     from pretrain.hf.qwen3 import uses_qwen

@@ -131,17 +131,17 @@ class Engine:
         self.adam_fused = torch.cuda.is_available() if optim.adam_fused is None else optim.adam_fused
         if self.adam_fused:
             optimizer_step.use_fused_adam(self.optimizer)
+        def scheduler(warmup: int, decay: int) -> OptimizerParamScheduler:
+            return OptimizerParamScheduler(
+                self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr, lr_warmup_steps=warmup,
+                lr_decay_steps=max(decay, 1), lr_decay_style=optim.lr_decay_style, start_wd=optim.weight_decay,
+                end_wd=optim.weight_decay, wd_incr_steps=max(decay, 1), wd_incr_style="constant")
+
         if recalibration_start:  # DroPE switching inside the run: the schedule restarts there
-            self.scheduler = RecalibrationSchedule(
-                self.optimizer, start=recalibration_start, total_steps=train_iters, max_lr=optim.lr,
-                min_lr=optim.min_lr, warmup_iters=optim.lr_warmup_iters, decay_style=optim.lr_decay_style,
-                weight_decay=optim.weight_decay)
+            self.scheduler = RecalibrationSchedule(scheduler, start=recalibration_start, total_steps=train_iters,
+                                                   warmup_iters=optim.lr_warmup_iters)
         else:
-            self.scheduler = OptimizerParamScheduler(
-                self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
-                lr_warmup_steps=optim.lr_warmup_iters, lr_decay_steps=max(train_iters, 1),
-                lr_decay_style=optim.lr_decay_style, start_wd=optim.weight_decay,
-                end_wd=optim.weight_decay, wd_incr_steps=max(train_iters, 1), wd_incr_style="constant")
+            self.scheduler = scheduler(optim.lr_warmup_iters, train_iters)
 
     def train_step(self, batches: Iterator[dict], sampler: PositionSampler, step: int,
                    num_microbatches: int, micro_batch_size: int, seq_length: int) -> StepResult:

@@ -23,20 +23,11 @@ def recalibration_warmup(warmup_iters: int, total_steps: int, recalibration_step
 class RecalibrationSchedule:
     """The run's scheduler until `start`, then a fresh one over the last `total_steps - start` steps."""
 
-    def __init__(self, optimizer, *, start: int, total_steps: int, max_lr: float, min_lr: float, warmup_iters: int,
-                 decay_style: str, weight_decay: float) -> None:
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
+    def __init__(self, scheduler, *, start: int, total_steps: int, warmup_iters: int) -> None:
+        """`scheduler(warmup, decay_steps)`: the run's OptimizerParamScheduler over that many steps (Engine's)."""
         if not 0 < start < total_steps:
             raise ValueError(f"the recalibration must start inside the run (got step {start} of {total_steps})")
         steps = total_steps - start
-
-        def scheduler(warmup: int, decay: int) -> OptimizerParamScheduler:
-            return OptimizerParamScheduler(
-                optimizer, init_lr=0.0, max_lr=max_lr, min_lr=min_lr, lr_warmup_steps=warmup, lr_decay_steps=decay,
-                lr_decay_style=decay_style, start_wd=weight_decay, end_wd=weight_decay, wd_incr_steps=decay,
-                wd_incr_style="constant")
-
         self.start = start
         self.recalibration = scheduler(recalibration_warmup(warmup_iters, total_steps, steps), steps)
         self.pretraining = scheduler(warmup_iters, total_steps)  # built last: its learning rate is the one set
