@@ -22,10 +22,11 @@ MATRIX_TESTS := tests/test_selfcheck.py::test_selfcheck_cpu_part_passes_and_cuda
 	tests/trainer/test_train.py::test_sigterm_saves_a_checkpoint_and_exits_with_the_requeue_code \
 	tests/hf/test_hf_export_checkpoint.py::test_auto_model_logits_equal_megatron_logits
 MATRIX_DESELECT := -k "not dp2"
-# What the newest minor runs: the test modules the pinned phase recorded as running Megatron-Core code in any of
-# their processes (tests/megatron_record.py: the rule, and tests/test_megatron_record.py: its check); the rest run
-# the same code on every Megatron-Core. Without the record (the target run alone) every module runs.
-MEGATRON_RECORD := .test-megatron-modules.tsv
+# What the newest minor runs: the fast tests the pinned phase recorded as running Megatron-Core code in any of their
+# processes, or sharing a fixture that did (tests/megatron_record.py: the rule, and tests/test_megatron_record.py: its
+# check), and the slow checkpoint tests; the rest run the same code on every Megatron-Core. Without the record (the
+# target run alone) every fast test runs.
+MEGATRON_RECORD := .test-megatron-record.tsv
 # The newest minor's slow part: the whole checkpoint modules and the pinned -> newest upgrade.
 NEWEST_CHECKPOINT_TESTS := tests/trainer/test_train.py tests/trainer/test_faults_checkpoint.py tests/trainer/test_megatron_upgrade.py \
 	tests/hf/test_hf_export_checkpoint.py \
@@ -113,10 +114,10 @@ test:
 		$(MAKE) --no-print-directory test-megatron-matrix
 	@$(PHASE) report --budget-minutes $(TEST_BUDGET_MINUTES)
 
+# One pytest run (one start-up and collection per worker) for both parts.
 test-newest-megatron: $(VENV_NEWEST)/.installed
-	$(BIN_NEWEST)/python -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_WORKERS) \
-		--megatron-modules=$(MEGATRON_RECORD) tests
-	$(BIN_NEWEST)/python -m pytest -q -m slow -p no:cacheprovider $(PYTEST_WORKERS) $(NEWEST_CHECKPOINT_TESTS)
+	$(BIN_NEWEST)/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) --megatron-record=$(MEGATRON_RECORD) \
+		--megatron-slow="$(NEWEST_CHECKPOINT_TESTS)" tests
 
 # MATRIX_TESTS on every minor of MCORE_MATRIX but the newest (test-newest-megatron covers it).
 test-megatron-matrix: $(foreach version,$(filter-out $(MCORE_NEWEST),$(MCORE_MATRIX)),.venv-mcore-$(version)/.installed)

@@ -40,9 +40,11 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", f"ignore:{known.message}:{known.category.__name__}:{known.module}")
     # `python -m pretrain ...` processes are forked from a pre-imported zygote (tests/zygote.py says how and when not)
     subprocess.Popen = zygote.ZygotePopen
-    if os.environ.get(megatron_record.RECORD_ENV):  # the pinned phase notes which modules use Megatron-Core
+    if os.environ.get(megatron_record.RECORD_ENV):  # the pinned phase notes which tests use Megatron-Core
         megatron_record.install_site_hook()
         megatron_record.install()
+        if not hasattr(config, "workerinput"):
+            config.megatron_live = megatron_record.mark_live()
     global _unit_times
     if not hasattr(config, "workerinput"):  # an xdist worker has it; the controller receives every report
         _unit_times = unit_times.UnitTimes(_work_unit)
@@ -102,49 +104,80 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_addoption(parser):
-    """--megatron-modules FILE: run only the test modules a pinned phase recorded as using Megatron-Core."""
-    parser.addoption("--megatron-modules", default=None, help="a record of tests/megatron_record.py: run only "
-                     "the modules it names (the newest megatron-core phase); all of them when the file is missing")
+    """--megatron-record FILE and --megatron-slow TESTS: the newest megatron-core phase's selection."""
+    parser.addoption("--megatron-record", default=None, help="a record of tests/megatron_record.py: run only the "
+                     "fast tests it names (the newest megatron-core phase); every fast test when the file is missing")
+    parser.addoption("--megatron-slow", default="", help="with --megatron-record: the slow tests to run too (paths "
+                     "or test ids, space-separated)")
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector):
-    """Name the test module being imported (megatron_record: its module-level imports count for it)."""
+    """Name the test module being imported (megatron_record: its module-level imports count for all its tests)."""
     if not isinstance(collector, pytest.Module):
         return (yield)
-    os.environ[megatron_record.MODULE_ENV] = _module(collector.nodeid)
+    os.environ[megatron_record.UNIT_ENV] = _module(collector.nodeid)
     try:
         return (yield)
     finally:
-        os.environ.pop(megatron_record.MODULE_ENV, None)
+        os.environ.pop(megatron_record.UNIT_ENV, None)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Name the test module running now, for this process and every process its tests start (megatron_record)."""
-    os.environ[megatron_record.MODULE_ENV] = _module(item.nodeid)
+    """Name the test running now, for this process and every process its tests start (megatron_record)."""
+    os.environ[megatron_record.UNIT_ENV] = item.nodeid
     try:
         return (yield)
     finally:
-        os.environ.pop(megatron_record.MODULE_ENV, None)
+        os.environ.pop(megatron_record.UNIT_ENV, None)
 
 
-def _only_recorded_modules(config, items) -> None:
-    record = config.getoption("--megatron-modules")
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """A shared fixture's setup counts for every test that uses it (megatron_record), not only the first."""
+    if fixturedef.scope == "function":
+        return (yield)
+    running = os.environ.get(megatron_record.UNIT_ENV)
+    os.environ[megatron_record.UNIT_ENV] = f"fixture:{fixturedef.argname}"
+    try:
+        return (yield)
+    finally:
+        if running is None:
+            os.environ.pop(megatron_record.UNIT_ENV, None)
+        else:
+            os.environ[megatron_record.UNIT_ENV] = running
+
+
+def _newest_megatron_selection(config, items) -> None:
+    record = config.getoption("--megatron-record")
     if record is None:
         return
+    slow_wanted = config.getoption("--megatron-slow").split()
+    units = None  # None: every fast test
     if not Path(record).is_file():
-        print(f"\n--megatron-modules: no record at {record}; running every module")
-        return
-    keep = megatron_record.recorded_modules(Path(record))
-    deselected = [item for item in items if _module(item.nodeid) not in keep]
-    items[:] = [item for item in items if _module(item.nodeid) in keep]
+        print(f"\n--megatron-record: no record at {record}; running every fast test")
+    else:
+        units = megatron_record.recorded_units(Path(record))
+        if megatron_record.UNATTRIBUTED in units:
+            print(f"\n--megatron-record: {record} names a process started without the recording environment "
+                  f"(its '{megatron_record.UNATTRIBUTED}' lines say which); running every fast test")
+            units = None
+    keep, deselected = [], []
+    for item in items:
+        if item.get_closest_marker("slow"):
+            chosen = any(item.nodeid == test or item.nodeid.startswith((f"{test}::", f"{test}["))
+                         for test in slow_wanted)
+        else:
+            chosen = units is None or megatron_record.selected(item.nodeid, item.fixturenames, units)
+        (keep if chosen else deselected).append(item)
+    items[:] = keep
     config.hook.pytest_deselected(items=deselected)
 
 
 def pytest_collection_modifyitems(config, items):
     """Check CLUSTER_MODULES against the `cluster` marks and start the slowest work first."""
-    _only_recorded_modules(config, items)
+    _newest_megatron_selection(config, items)
     marked = {_module(item.nodeid) for item in items if item.get_closest_marker("cluster")}
     collected = {_module(item.nodeid) for item in items}
     if marked != CLUSTER_MODULES & collected:
@@ -217,8 +250,10 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_unconfigure(config):
-    """Stop this process's zygotes and remove the session's peak cache."""
+    """Stop this process's zygotes, remove the session's peak cache and end its recording's live mark."""
     zygote.close_all()
+    if getattr(config, "megatron_live", None):
+        config.megatron_live.unlink(missing_ok=True)
     if getattr(config, "peak_cache_dir", None):
         shutil.rmtree(config.peak_cache_dir, ignore_errors=True)
         os.environ.pop("POSAUG_CACHE_DIR", None)

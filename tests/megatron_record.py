@@ -1,21 +1,31 @@
-"""Which test modules run Megatron-Core code: the rule that picks what the newest megatron-core phase runs.
+"""Which tests run Megatron-Core code: the rule that picks what the newest megatron-core phase runs.
 
-The pinned phase records, per test module, whether any process of its tests (the pytest worker during collection
-and tests, a process forked from the zygote, a process exec'ed from the test) can have run Megatron-Core code;
-`make test-newest-megatron` then runs only the recorded modules (`--megatron-modules FILE`), since the rest run the
-same code whatever Megatron-Core is installed. The record is kept in a file beside the phase log.
+The pinned phase records, per test, whether any process of it (the pytest worker, a process forked from the
+zygote, a process exec'ed from the test and what that starts in turn, a SLURM job it submits) can have run
+Megatron-Core code; `make test-newest-megatron` then runs only the recorded tests (`--megatron-record FILE`), since
+the rest run the same code whatever Megatron-Core is installed. The record is kept in a file beside the phase log.
+
+What a record line names (UNIT_ENV, set by tests/conftest.py around each step): a test id (its setup, call and
+teardown); a test module (the import of the module at collection: every test of it); or `fixture:NAME` (the setup
+of a module- or session-scoped fixture: every test that uses a fixture of that name, since its product is shared
+by tests that never import Megatron themselves).
 
 Why an executed import statement is the signal: our code imports Megatron-Core inside the functions that call it
 (only the modules of MEGATRON_AT_IMPORT import it when they are imported), and a call into Megatron-Core starts
 from code reached through an executed import: of megatron itself, of a module of MEGATRON_AT_IMPORT, or a REACHES
 lookup (which imports its owner module with importlib). `import` and `importlib.import_module` are wrapped, so a
-statement counts each time it runs, cached or not; a zygote-forked process inherits the wrappers. This
-interpreter exec'ed from a test with the test's recording environment installs them too, through a .pth file in
-its site-packages (SITE_HOOK, inert without that environment), and so does every process it starts in turn with
-that environment (a launcher's `python -m pretrain`, a SLURM job, torchrun's ranks). Any other process exec'ed from
-a test (torchrun, sbatch, bash, another interpreter, this one with -S or without the environment) cannot be watched,
-so it counts as Megatron use, unless it is one of SYSTEM_TOOLS. tests/test_megatron_record.py checks that a module
-calling a reach is recorded.
+statement counts each time it runs, cached or not; a zygote-forked process inherits the wrappers.
+
+Every interpreter of this environment is watched, through a .pth file in its site-packages (SITE_HOOK; the
+project's other venvs add this site-packages, so its .pth files run there too): started with a test's recording
+environment, it records for that test, and so does everything it starts in turn with that environment (a launcher's
+`python -m pretrain` under bash, a SLURM job, torchrun's ranks). Started without that environment (a script that
+strips it, `env -i`, `sbatch --export=NONE`) while a recording run is live (a LIVE_PREFIX file beside the .pth),
+it records as UNATTRIBUTED, and a record holding that line makes the newest phase run every test: fail closed. So
+an exec of another program (bash, sbatch, torchrun) is no Megatron use by itself; an exec that cannot be watched
+counts at once: another interpreter, or this one with -S (no site-packages, so no .pth). What escapes: an
+interpreter without this site-packages started by a program a test runs (none of the project's scripts does).
+tests/test_megatron_record.py checks the rule.
 """
 
 from __future__ import annotations
@@ -30,17 +40,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_ENV = "POSAUG_MEGATRON_RECORD"  # the record file (set by the pinned phase)
-MODULE_ENV = "POSAUG_TEST_MODULE"  # the test module running now (set around collection and each test)
-HOOK_ENV = "POSAUG_MEGATRON_RECORD_HOOK"  # this file, for SITE_HOOK to load in an exec'ed interpreter
+UNIT_ENV = "POSAUG_TEST_UNIT"  # what runs now: a test id, a test module or fixture:NAME (tests/conftest.py sets it)
 WATCHED_ENV = "POSAUG_MEGATRON_WATCHED"  # megatron_at_import(), computed once (0.24 CPU-s) for every process
+UNATTRIBUTED = "unattributed"  # a process started without the recording environment: the newest phase runs all
 SITE_HOOK = "zz_posaug_megatron_record.pth"
-# One line (a .pth runs lines that start with `import`); it does nothing unless a test's recording environment is set.
-_SITE_HOOK_LINE = (f"import os, importlib.util as u; p = os.environ.get('{HOOK_ENV}'); s = p and "
-                   f"os.environ.get('{RECORD_ENV}') and os.environ.get('{MODULE_ENV}') and "
-                   "u.spec_from_file_location('posaug_megatron_record', p); "
-                   "s and s.loader.exec_module(u.module_from_spec(s))\n")
-SYSTEM_TOOLS = frozenset({"mount", "umount", "git", "df", "dpkg", "id", "sync", "true", "false", "ls", "cat"})
-_seen: set[str] = set()
+LIVE_PREFIX = "zz_posaug_megatron_record.live."  # + the pid of a recording pytest run; holds its record file's path
+_SITE = Path(sysconfig.get_paths()["purelib"])
+# One line (a .pth runs lines that start with `import`), inert unless a test's recording environment is set or,
+# without it, a recording run is live: then it loads this file, which installs the wrappers.
+_SITE_HOOK_LINE = (f"import os, importlib.util as u; r = os.environ.get('{RECORD_ENV}'); s = ((r and "
+                   f"os.environ.get('{UNIT_ENV}')) or (not r and any(n.startswith('{LIVE_PREFIX}') for n in "
+                   f"os.listdir({str(_SITE)!r})))) and u.spec_from_file_location('posaug_megatron_record', "
+                   f"{str(Path(__file__).resolve())!r}); s and s.loader.exec_module(u.module_from_spec(s))\n")
+_seen: set[tuple[str, int]] = set()
 
 
 def megatron_at_import() -> frozenset[str]:
@@ -94,17 +106,47 @@ def _names(node, package: str) -> list[str]:
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 
+def _live_records() -> list[str]:
+    """The record of the nearest recording run this process descends from, else of every live one (a SLURM job's
+    process descends from slurmd, not from a test)."""
+    live = {}
+    for mark in _SITE.glob(f"{LIVE_PREFIX}*"):
+        try:
+            pid = int(mark.name[len(LIVE_PREFIX):])
+            os.kill(pid, 0)  # a killed run leaves its mark
+            live[pid] = mark.read_text().strip()
+        except (ValueError, OSError):
+            continue
+    pid = os.getpid()
+    while pid > 1:
+        if pid in live:
+            return [live[pid]]
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return list(live.values())
+
+
 def record(reason: str) -> None:
-    """Note that the running test module used (or may have used) Megatron-Core."""
-    path, module = os.environ.get(RECORD_ENV), os.environ.get(MODULE_ENV)
-    if not path or not module or (module, os.getpid()) in _seen:
+    """Note that the running test (or module, or shared fixture) used or may have used Megatron-Core."""
+    if os.environ.get(RECORD_ENV):
+        paths, unit = [os.environ[RECORD_ENV]], os.environ.get(UNIT_ENV)
+        if not unit:  # between tests: a zygote server's own imports, pytest's start-up
+            return
+    else:
+        paths, unit = _live_records(), UNATTRIBUTED
+        reason = f"{reason} by {' '.join(sys.orig_argv)[:200]}"
+    if (unit, os.getpid()) in _seen:
         return
-    _seen.add((module, os.getpid()))
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{module}\t{reason}\n".encode())
-    finally:
-        os.close(fd)
+    _seen.add((unit, os.getpid()))
+    for path in paths:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{unit}\t{reason}\n".encode())
+        finally:
+            os.close(fd)
 
 
 def install() -> None:
@@ -139,45 +181,56 @@ def install() -> None:
 
 
 def install_site_hook() -> None:
-    """Make exec'ed interpreters of this environment record for their test (SITE_HOOK), from now on.
+    """Watch every interpreter of this environment (SITE_HOOK), from now on, for the run whose record is set.
 
-    The file stays (inert without the recording environment): a pytest run inside a test would otherwise remove
-    it from under the run around it.
+    The file stays (inert without a recording environment or a live run): a pytest run inside a test would
+    otherwise remove it from under the run around it.
     """
-    path = Path(sysconfig.get_paths()["purelib"]) / SITE_HOOK
+    path = _SITE / SITE_HOOK
     if not path.is_file() or path.read_text() != _SITE_HOOK_LINE:  # atomically: interpreters may be starting
         part = path.with_name(f".{SITE_HOOK}.{os.getpid()}")
         part.write_text(_SITE_HOOK_LINE)
         os.replace(part, path)
-    os.environ[HOOK_ENV] = str(Path(__file__).resolve())
     os.environ[WATCHED_ENV] = ",".join(sorted(megatron_at_import()))
 
 
-def _watched(args: list[str], env) -> bool:
-    """An exec of this interpreter that SITE_HOOK makes record for the same test module."""
-    env = os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
-    if not args or os.fsdecode(args[0]) != sys.executable:
-        return False
-    for arg in map(os.fsdecode, args[1:]):
-        if not arg.startswith("-") or arg in ("-m", "-c"):
-            break
-        if not arg.startswith("--") and "S" in arg:  # -S: no site-packages, so no hook
-            return False
-    return all(env.get(k) == os.environ.get(k) and env.get(k) for k in (RECORD_ENV, MODULE_ENV, HOOK_ENV, WATCHED_ENV))
+def mark_live() -> Path:
+    """Declare this run live: interpreters started without its environment record as UNATTRIBUTED into it."""
+    live = _SITE / f"{LIVE_PREFIX}{os.getpid()}"
+    live.write_text(f"{Path(os.environ[RECORD_ENV]).resolve()}\n")
+    return live
 
 
 def exec_counts(args, env=None) -> bool:
-    """Whether an exec'ed process counts as Megatron use: anything but SYSTEM_TOOLS and interpreters that record."""
-    if not isinstance(args, (str, bytes)) and _watched(list(args), env):
+    """Whether an exec'ed process counts as Megatron use at once: an interpreter SITE_HOOK cannot watch."""
+    argv = [args] if isinstance(args, (str, bytes)) else list(args)
+    if not argv:
         return False
-    first = args if isinstance(args, (str, bytes)) else (args[0] if args else "")
-    return os.path.basename(os.fsdecode(first).split()[0] if first else "") not in SYSTEM_TOOLS
+    words = os.fsdecode(argv[0]).split() if isinstance(args, (str, bytes)) else [os.fsdecode(a) for a in argv]
+    if not words or not os.path.basename(words[0]).startswith("python"):
+        return False  # not Python: what it starts is watched (module docstring)
+    if words[0] != sys.executable:
+        return True
+    for arg in words[1:]:
+        if not arg.startswith("-") or arg in ("-m", "-c"):
+            break
+        if not arg.startswith("--") and "S" in arg:  # -S: no site-packages, so no hook
+            return True
+    return False
 
 
-def recorded_modules(path: Path) -> set[str]:
-    """The test modules a record names."""
+def recorded_units(path: Path) -> set[str]:
+    """What a record names: test ids, test modules, fixture:NAME and UNATTRIBUTED."""
     return {line.split("\t")[0] for line in path.read_text().splitlines() if line.strip()}
 
 
+def selected(nodeid: str, fixturenames, units: set[str]) -> bool:
+    """Whether the newest phase runs this test: it, its module or a shared fixture it uses is recorded."""
+    return (nodeid in units or nodeid.split("::")[0] in units
+            or any(f"fixture:{name}" in units for name in fixturenames))
+
+
 if __name__ == "posaug_megatron_record":  # loaded by SITE_HOOK in an exec'ed interpreter
+    if not os.environ.get(RECORD_ENV) and WATCHED_ENV not in os.environ:
+        os.environ[WATCHED_ENV] = ",".join(sorted(megatron_at_import()))
     install()

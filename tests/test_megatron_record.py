@@ -1,5 +1,6 @@
-"""The rule that picks the newest megatron-core phase's modules (tests/megatron_record.py): a module whose tests run
-Megatron-Core code in any process is recorded, one that runs none is not, and the phase runs only recorded ones."""
+"""The rule that picks the newest megatron-core phase's tests (tests/megatron_record.py): a test that runs
+Megatron-Core code in any process, or shares a fixture whose setup did, is recorded; one that runs none is not; a
+process that cannot be watched makes the newest phase run everything; and the phase runs only what is recorded."""
 
 import os
 import subprocess
@@ -16,6 +17,8 @@ MODULES = {
         def test_reach():
             from megatron_ext import versions
             assert versions.find("causal_mask") is not None
+        def test_pure_beside_it():
+            assert True
     """,
     "test_imports_megatron_at_module_level.py": """
         import megatron.core  # noqa: F401
@@ -27,15 +30,33 @@ MODULES = {
         def test_nothing():
             assert rope_attention
     """,
-    "test_execs_a_process.py": """
+    "test_shares_a_fixture_that_imports_megatron.py": """
+        import pytest
+        @pytest.fixture(scope="module")
+        def built():
+            import megatron.core  # noqa: F401
+            return 1
+        def test_first_user(built):
+            assert built
+        def test_second_user(built):
+            assert built
+        def test_no_user():
+            pass
+    """,
+    "test_execs_bash_that_runs_python_importing_megatron.py": """
+        import subprocess, sys
+        def test_exec():
+            subprocess.run(["bash", "-c", f"{sys.executable} -c 'import megatron.core'"], check=True)
+    """,
+    "test_execs_bash_that_runs_no_megatron.py": """
         import subprocess
         def test_exec():
             subprocess.run(["bash", "-c", "true"], check=True)
     """,
-    "test_execs_python_without_the_tests_environment.py": """
-        import os, subprocess, sys
-        def test_exec():
-            subprocess.run([sys.executable, "-c", "pass"], env={"PATH": os.environ["PATH"]}, check=True)
+    "test_execs_an_interpreter_it_cannot_watch.py": """
+        import subprocess, sys
+        def test_without_site_packages():
+            subprocess.run([sys.executable, "-S", "-c", "pass"], check=True)
     """,
     "test_execs_python_that_imports_megatron.py": """
         import os, subprocess, sys
@@ -71,13 +92,24 @@ MODULES = {
             assert subprocess.run([sys.executable, "-m", "pretrain", "nope"], env=env).returncode == 2
     """,
 }
+# Started without the recording environment: recorded as unattributed when it imports megatron, not otherwise.
+STRIPPED = {
+    "test_execs_python_without_the_tests_environment_that_imports_megatron.py": """
+        import os, subprocess, sys
+        def test_exec():
+            subprocess.run([sys.executable, "-c", "import megatron.core"], env={"PATH": os.environ["PATH"]},
+                           check=True)
+    """,
+    "test_execs_python_without_the_tests_environment_that_runs_no_megatron.py": """
+        import os, subprocess, sys
+        def test_exec():
+            subprocess.run([sys.executable, "-c", "pass"], env={"PATH": os.environ["PATH"]}, check=True)
+    """,
+}
 
 
-@pytest.fixture(scope="module")
-def record(tmp_path_factory):
-    """Run MODULES under the pinned phase's recording; returns (record file, test directory)."""
-    root = tmp_path_factory.mktemp("recorded")
-    for name, source in MODULES.items():
+def _recorded_run(root, modules: dict[str, str]):
+    for name, source in modules.items():
         (root / name).write_text(textwrap.dedent(source))
     path = root / "record.tsv"
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'tests'}:{REPO}", REPO=str(REPO), CUDA_VISIBLE_DEVICES="",
@@ -86,51 +118,106 @@ def record(tmp_path_factory):
                            "--rootdir", str(root), str(root)], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return path, root
+    return path
 
 
-def test_a_module_that_calls_a_reach_is_recorded(record):
-    assert "test_calls_a_reach.py" in megatron_record.recorded_modules(record[0])
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+    """Run MODULES under the pinned phase's recording; returns (record file, test directory)."""
+    root = tmp_path_factory.mktemp("recorded")
+    return _recorded_run(root, MODULES), root
 
 
-def test_a_module_importing_megatron_directly_or_through_our_module_is_recorded(record):
-    recorded = megatron_record.recorded_modules(record[0])
-    assert {"test_imports_megatron_at_module_level.py", "test_reaches_megatron_through_our_module.py"} <= recorded
+@pytest.fixture(scope="module")
+def stripped_record(tmp_path_factory):
+    """Run each of STRIPPED alone under a recording; returns {module: the units its record names}."""
+    units = {}
+    for name, source in STRIPPED.items():
+        root = tmp_path_factory.mktemp("stripped")
+        path = _recorded_run(root, {name: source})
+        units[name] = megatron_record.recorded_units(path) if path.exists() else set()
+    return units
 
 
-def test_a_module_that_execs_a_process_it_cannot_watch_is_recorded(record):
-    recorded = megatron_record.recorded_modules(record[0])
-    assert {"test_execs_a_process.py", "test_execs_python_without_the_tests_environment.py"} <= recorded
+def lines(path):
+    return [line.split("\t") for line in path.read_text().splitlines()]
+
+
+def test_a_test_that_calls_a_reach_is_recorded_and_its_pure_neighbour_is_not(record):
+    units = megatron_record.recorded_units(record[0])
+    assert "test_calls_a_reach.py::test_reach" in units
+    assert not {"test_calls_a_reach.py", "test_calls_a_reach.py::test_pure_beside_it"} & units
+
+
+def test_a_module_importing_megatron_directly_or_through_our_module_is_recorded_whole(record):
+    units = megatron_record.recorded_units(record[0])
+    assert {"test_imports_megatron_at_module_level.py", "test_reaches_megatron_through_our_module.py"} <= units
+
+
+def test_every_user_of_a_shared_fixture_whose_setup_imports_megatron_is_selected(record):
+    units = megatron_record.recorded_units(record[0])
+    module = "test_shares_a_fixture_that_imports_megatron.py"
+    assert "fixture:built" in units and not {f"{module}::test_first_user", module} & units
+    assert megatron_record.selected(f"{module}::test_second_user", ["built"], units)
+    assert not megatron_record.selected(f"{module}::test_no_user", [], units)
+
+
+def test_a_python_started_by_bash_is_recorded_by_the_imports_it_executes(record):
+    assert ["test_execs_bash_that_runs_python_importing_megatron.py::test_exec", "import megatron.core"] in lines(
+        record[0])
+    assert not {"test_execs_bash_that_runs_no_megatron.py", "test_execs_bash_that_runs_no_megatron.py::test_exec"} & (
+        megatron_record.recorded_units(record[0]))
+
+
+def test_an_interpreter_that_cannot_be_watched_counts_when_it_is_exec_ed(record):
+    assert ["test_execs_an_interpreter_it_cannot_watch.py::test_without_site_packages", "exec"] in lines(record[0])
+    assert megatron_record.exec_counts(["/usr/bin/python3", "-c", "pass"])
+    assert not megatron_record.exec_counts([sys.executable, "-u", "-m", "pretrain"])
+    assert not megatron_record.exec_counts(["sbatch", "--wait", "job.sh"])
 
 
 def test_a_python_exec_ed_from_a_test_is_recorded_by_the_imports_it_executes(record):
-    lines = [line.split("\t") for line in record[0].read_text().splitlines()]
-    assert ["test_execs_python_that_imports_megatron.py", "import megatron.core"] in lines
+    assert ["test_execs_python_that_imports_megatron.py::test_exec", "import megatron.core"] in lines(record[0])
 
 
 def test_a_training_forked_from_the_zygote_is_recorded_by_the_imports_it_executes(record):
-    lines = [line.split("\t") for line in record[0].read_text().splitlines()]
-    assert any(module == "test_a_forked_training.py" and not reason.startswith("exec") for module, reason in lines)
+    assert any(unit == "test_a_forked_training.py::test_train" and not reason.startswith("exec")
+               for unit, reason in lines(record[0]))
 
 
-def test_modules_that_run_no_megatron_code_are_not_recorded(record):
-    recorded = megatron_record.recorded_modules(record[0])
-    assert not recorded & {"test_pure_positions.py", "test_a_forked_cli_that_stops_before_megatron.py",
-                           "test_execs_python_that_runs_no_megatron.py"}
+def test_tests_that_run_no_megatron_code_are_not_recorded(record):
+    units = {unit.split("::")[0] for unit in megatron_record.recorded_units(record[0])}
+    assert not units & {"test_pure_positions.py", "test_a_forked_cli_that_stops_before_megatron.py",
+                        "test_execs_python_that_runs_no_megatron.py"}
+    assert megatron_record.UNATTRIBUTED not in units
 
 
-def test_the_newest_phase_collects_only_the_recorded_modules_and_everything_without_a_record(record):
+def test_a_python_started_without_the_recording_environment_that_imports_megatron_is_unattributed(stripped_record):
+    importing, pure = STRIPPED
+    assert megatron_record.UNATTRIBUTED in stripped_record[importing]
+    assert stripped_record[pure] == set()
+
+
+def test_the_newest_phase_collects_only_the_recorded_tests_and_everything_without_a_usable_record(record, tmp_path):
     path, root = record
 
     def collected(record_file):
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                               "-p", "conftest", "--rootdir", str(root), "--megatron-modules", str(record_file),
+                               "-p", "conftest", "--rootdir", str(root), f"--megatron-record={record_file}",
                                str(root)], cwd=root, env=dict(os.environ, PYTHONPATH=f"{REPO / 'tests'}:{REPO}"),
                               capture_output=True, text=True, timeout=300)
-        return {line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line}
+        return {line for line in proc.stdout.splitlines() if "::" in line}
 
-    assert collected(path) == megatron_record.recorded_modules(path)
-    assert collected(root / "absent.tsv") == set(MODULES)
+    units = megatron_record.recorded_units(path)
+    everything = collected(root / "absent.tsv")
+    chosen = collected(path)
+    assert chosen == {test for test in everything if megatron_record.selected(
+        test, ["built"] if "test_shares_a_fixture" in test and "no_user" not in test else [], units)}
+    assert "test_shares_a_fixture_that_imports_megatron.py::test_second_user" in chosen
+    assert "test_calls_a_reach.py::test_pure_beside_it" not in chosen
+    unattributed = tmp_path / "unattributed.tsv"
+    unattributed.write_text(path.read_text() + f"{megatron_record.UNATTRIBUTED}\timport megatron.core by python\n")
+    assert collected(unattributed) == everything
 
 
 def test_our_modules_that_import_megatron_when_imported_are_found_from_the_source():

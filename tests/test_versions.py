@@ -91,12 +91,13 @@ def test_makefile_matrix_holds_every_tested_megatron_core_but_the_pinned_one():
     assert _makefile_variable("MCORE_NEWEST") == TESTED_MEGATRON_CORE[-1]
 
 
-def test_the_newest_minor_runs_the_modules_the_pinned_phase_recorded_as_using_megatron():
+def test_the_newest_minor_runs_the_tests_the_pinned_phase_recorded_as_using_megatron():
     makefile = (REPO / "Makefile").read_text()
     record = _makefile_variable("MEGATRON_RECORD")
     assert f"POSAUG_MEGATRON_RECORD=$(CURDIR)/$(MEGATRON_RECORD)" in makefile  # the pinned phase writes it
     # with "=": pytest takes a bare value after an option it does not know yet for a path, and misses the conftest
-    assert makefile.count("--megatron-modules=$(MEGATRON_RECORD) tests") == 1 and record.endswith(".tsv")
+    assert makefile.count("--megatron-record=$(MEGATRON_RECORD)") == 1 and record.endswith(".tsv")
+    assert '--megatron-slow="$(NEWEST_CHECKPOINT_TESTS)" tests' in makefile
 
 
 def test_every_tested_minor_is_a_different_minor():

@@ -164,7 +164,7 @@ def server_for(env: dict[str, str]) -> Server | None:
             while len(_servers) >= MAX_SERVERS:  # its forked processes are the tests' children: they live on
                 _servers.popitem(last=False)[1].close()
             env = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME_ENV)} | dict(key)
-            env.pop(megatron_record.MODULE_ENV, None)  # the server's own imports are no test's
+            env.pop(megatron_record.UNIT_ENV, None)  # the server's own imports are no test's
             _servers[key] = Server(env)
         server = _servers[key]
     return server if server.ready else None
