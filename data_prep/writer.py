@@ -22,9 +22,9 @@ def megatron_indexed():
     """Megatron-Core's indexed_dataset module, imported on first use (pulls in torch)."""
     import warnings
 
-    from megatron_ext.cpu_compat import install_import_shims
+    from megatron_ext import import_shims
 
-    install_import_shims()  # megatron-core 0.19+ imports triton with its package; a CPU machine has none
+    import_shims.install()  # megatron-core 0.19+ imports triton with its package; a CPU machine has none
     with warnings.catch_warnings():
         # megatron.core's package import warns about optional Transformer Engine/Apex; irrelevant here.
         warnings.simplefilter("ignore")

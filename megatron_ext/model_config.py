@@ -6,8 +6,10 @@ Knows nothing of Megatron (megatron_ext.model builds the model from it); the nam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported by what computes frequencies, not by a config check
+    import torch
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
 FP8_FORMATS = (None, "e4m3", "hybrid")

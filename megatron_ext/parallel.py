@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass
 class ParallelConfig:
@@ -97,7 +95,7 @@ class ParallelConfig:
                                  f"({model.recompute_num_layers}) must divide the {layers_per_chunk} layers "
                                  "of a pipeline stage")
         self.check_context_parallel(model)
-        if self.context_parallel_size > 1 and not torch.cuda.is_available():
+        if self.context_parallel_size > 1 and not _cuda_available():
             raise ValueError("parallel.context_parallel_size > 1 needs GPUs (Megatron's context "
                              "parallel attention is Transformer Engine only); set it to 1 on CPU")
 
@@ -115,3 +113,9 @@ class ParallelConfig:
             # Not tested under Transformer Engine's context-parallel attention (no GPU here): refused, not guessed.
             raise ValueError("model.window_size / model.softmax_type (sliding windows, sinks) are not supported with "
                              "context parallelism: set parallel.context_parallel_size=1")
+
+
+def _cuda_available() -> bool:
+    import torch  # here, not at import: a config check without context parallelism needs no torch
+
+    return torch.cuda.is_available()

@@ -1,8 +1,9 @@
 """The launchers' two checks in one interpreter: `plan --check` (memory fit) and `train --check` (config, data,
 tokenizer, layout for WORLD_SIZE ranks).
 
-Each started on its own pays Python and torch's import (~3 CPU-s); slurm/common_checks.sh runs both through this module
-so a dry run or a submission pays it once. The launcher keeps deciding what each outcome means (a plan that
+slurm/common_checks.sh runs both through this module so a dry run or a submission starts one Python, and neither
+check imports torch or Megatron-Core (tests/trainer/test_checks_without_torch.py), but for the plan's first build of a
+config's parameter shapes, which it caches. The launcher keeps deciding what each outcome means (a plan that
 does not fit can be overridden with --no-plan-check, a pre-flight refusal cannot), so this module only runs the
 two commands and records what they said:
 

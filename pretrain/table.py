@@ -184,7 +184,7 @@ def former_name_hint(methods: list[str]) -> str:
 
 def model_preset(name: str, **overrides) -> ModelConfig:
     """The named size's ModelConfig; keyword overrides win."""
-    from megatron_ext.model import ModelConfig  # here, not at the top: `--help` must not import torch
+    from megatron_ext.model_config import ModelConfig  # here, not at the top: `--help` imports no config code
 
     if name not in SIZES:
         raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(SIZES)}")

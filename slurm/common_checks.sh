@@ -13,7 +13,7 @@ _skip_or_die() {
     fi
 }
 
-# ---- plan and pre-flight, in one Python process (pretrain/preflight.py: one torch import, not two) --------
+# ---- plan and pre-flight, in one Python process (pretrain/preflight.py; neither imports torch) ---------------
 # plan: memory per GPU and wall clock before anything starts (pretrain/plan, slurm/README.md). Refuses (exit 2)
 # when the predicted peak exceeds the GPU's memory; --no-plan-check / PLAN_CHECK=0 starts anyway. PLAN_GPU names
 # the GPU model (python -m pretrain plan --help lists them). A plan or pre-flight that cannot run at all (no Python

@@ -20,11 +20,13 @@ Every interpreter of this environment is watched, through a .pth file in its sit
 project's other venvs add this site-packages, so its .pth files run there too): started with a test's recording
 environment, it records for that test, and so does everything it starts in turn with that environment (a launcher's
 `python -m pretrain` under bash, a SLURM job, torchrun's ranks). Started without that environment (a script that
-strips it, `env -i`, `sbatch --export=NONE`) while a recording run is live (a LIVE_PREFIX file beside the .pth),
-it records as UNATTRIBUTED, and a record holding that line makes the newest phase run every test: fail closed. So
-an exec of another program (bash, sbatch, torchrun) is no Megatron use by itself; an exec that cannot be watched
-counts at once: another interpreter, or this one with -S (no site-packages, so no .pth). What escapes: an
-interpreter without this site-packages started by a program a test runs (none of the project's scripts does).
+strips it, `env -i`, `sbatch --export=NONE`) while a recording run is live (a LIVE_PREFIX file beside the .pth), it
+records as UNATTRIBUTED (into the nearest live run it descends from, else into every live run a test did not
+start), and a record holding that line makes the newest phase run every test: fail closed (a test that gives its
+process an environment of its own adds `environment()` to it). So an exec of another program (bash, sbatch,
+torchrun) is no Megatron use by itself; an exec that cannot be watched counts at once: another interpreter, or this
+one with -S (no site-packages, so no .pth). What escapes: an interpreter without this site-packages started by a
+program a test runs (none of the project's scripts does).
 tests/test_megatron_record.py checks the rule.
 """
 
@@ -107,16 +109,19 @@ def _names(node, package: str) -> list[str]:
 
 
 def _live_records() -> list[str]:
-    """The record of the nearest recording run this process descends from, else of every live one (a SLURM job's
-    process descends from slurmd, not from a test)."""
-    live = {}
+    """The record of the nearest recording run this process descends from, else of every live run not started by a
+    test (a SLURM job's process descends from slurmd, not from a test; a run a test starts has its own processes)."""
+    live, outermost = {}, []
     for mark in _SITE.glob(f"{LIVE_PREFIX}*"):
         try:
             pid = int(mark.name[len(LIVE_PREFIX):])
             os.kill(pid, 0)  # a killed run leaves its mark
-            live[pid] = mark.read_text().strip()
+            path, _, started_by = mark.read_text().strip().partition("\n")
         except (ValueError, OSError):
             continue
+        live[pid] = path
+        if started_by != "test":
+            outermost.append(path)
     pid = os.getpid()
     while pid > 1:
         if pid in live:
@@ -126,7 +131,7 @@ def _live_records() -> list[str]:
             pid = int(stat[stat.rindex(")") + 2:].split()[1])
         except (OSError, ValueError, IndexError):
             break
-    return list(live.values())
+    return outermost
 
 
 def record(reason: str) -> None:
@@ -197,8 +202,14 @@ def install_site_hook() -> None:
 def mark_live() -> Path:
     """Declare this run live: interpreters started without its environment record as UNATTRIBUTED into it."""
     live = _SITE / f"{LIVE_PREFIX}{os.getpid()}"
-    live.write_text(f"{Path(os.environ[RECORD_ENV]).resolve()}\n")
+    started_by = "test" if UNIT_ENV in os.environ else "top"  # a pytest run inside a test (tests/conftest.py)
+    live.write_text(f"{Path(os.environ[RECORD_ENV]).resolve()}\n{started_by}\n")
     return live
+
+
+def environment() -> dict[str, str]:
+    """The recording environment of this process, for a test that starts a process with an environment of its own."""
+    return {name: os.environ[name] for name in (RECORD_ENV, UNIT_ENV, WATCHED_ENV) if name in os.environ}
 
 
 def exec_counts(args, env=None) -> bool:

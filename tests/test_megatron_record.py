@@ -198,6 +198,25 @@ def test_a_python_started_without_the_recording_environment_that_imports_megatro
     assert stripped_record[pure] == set()
 
 
+def test_a_process_descending_from_no_recording_run_records_only_into_the_runs_no_test_started(tmp_path,
+                                                                                               monkeypatch):
+    # a SLURM job descends from slurmd; a pytest run a test starts (this module's) must not take its lines
+    monkeypatch.setattr(megatron_record, "_SITE", tmp_path)
+    runs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        for run, started_by in zip(runs, ("top", "test")):
+            (tmp_path / f"{megatron_record.LIVE_PREFIX}{run.pid}").write_text(f"record-{started_by}\n{started_by}\n")
+        (tmp_path / f"{megatron_record.LIVE_PREFIX}{os.getppid()}").write_text("record-parent\ntest\n")
+        assert megatron_record._live_records() == ["record-parent"]  # the nearest run it descends from
+        (tmp_path / f"{megatron_record.LIVE_PREFIX}{os.getppid()}").unlink()
+        assert megatron_record._live_records() == ["record-top"]
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert megatron_record._live_records() == []  # a killed run's mark names no record
+
+
 def test_the_newest_phase_collects_only_the_recorded_tests_and_everything_without_a_usable_record(record, tmp_path):
     path, root = record
 

@@ -42,15 +42,27 @@ Decisions where the sources leave room (each is tested):
 
 from .config import (ALPHA_DISTRIBUTIONS, CURRICULA, DEFAULT_GRANULARITY, GRANULARITIES, LAYER_MODES,
                      STRATEGIES, TAIL_FUNCTIONS, PositionConfig)
-from .nope_interleave import attention_temperature, nope_layers
-from .pose import pose_positions
-from .prope import kept_frequencies, prope_inv_freq
-from .rng import position_generator
-from .rope_positions import RopePositions
-from .sampler import PositionSampler, build_sampler
-from .scaling import (HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, RopeScaling, llama3_inv_freq,
-                      rope_inv_freq, scaled_inv_freq, scaling_kind)
-from .ssmax import ssmax_factor
+from .scaling import HF_ROPE_TYPE, ROPE_SCALING_ALIASES, ROPE_SCALING_KINDS, RopeScaling, scaling_kind
+
+# The rest import torch, so they load on first use: a config check (`train --check`, the launchers' dry runs)
+# reads only the names above and starts without torch.
+_LAZY = {"attention_temperature": "nope_interleave", "nope_layers": "nope_interleave", "pose_positions": "pose",
+         "kept_frequencies": "prope", "prope_inv_freq": "prope", "position_generator": "rng",
+         "RopePositions": "rope_positions", "PositionSampler": "sampler", "build_sampler": "sampler",
+         "llama3_inv_freq": "scaling", "rope_inv_freq": "scaling", "scaled_inv_freq": "scaling",
+         "ssmax_factor": "ssmax"}
+
+
+def __getattr__(name: str):
+    """The torch-using names of the package, imported when first read."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALPHA_DISTRIBUTIONS",

@@ -13,7 +13,10 @@ Rules:
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def nope_layers(num_layers: int, interval: int) -> list[bool]:
@@ -25,5 +28,7 @@ def nope_layers(num_layers: int, interval: int) -> list[bool]:
 
 def attention_temperature(token_index: torch.Tensor, beta: float, floor: float) -> torch.Tensor:
     """Llama 4's NoPE-layer query scale 1 + β·log1p(⌊(i + 1) / F⌋) at token indices i (float32)."""
+    import torch
+
     index = token_index.to(torch.float32)
     return 1.0 + beta * torch.log1p(torch.floor((index + 1.0) / floor))

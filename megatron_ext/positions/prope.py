@@ -10,7 +10,10 @@ unlike partial rotary, which re-spaces them over p·d channels).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 from .scaling import rope_inv_freq
 
@@ -25,6 +28,8 @@ def kept_frequencies(rotary_dim: int, proportion: float) -> int:
 def prope_inv_freq(rotary_dim: int, base: float, proportion: float,
                    device: torch.device | str | None = None) -> torch.Tensor:
     """RoPE inverse frequencies [rotary_dim/2] with all but the fastest ⌊p·rotary_dim/2⌋ set to 0."""
+    import torch
+
     inv_freq = rope_inv_freq(rotary_dim, base, device)
     kept = kept_frequencies(rotary_dim, proportion)
     return torch.where(torch.arange(inv_freq.numel(), device=inv_freq.device) < kept, inv_freq,

@@ -46,10 +46,12 @@ device; nothing reads a device tensor back to the host.
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from .scaling import RopeScaling, scaled_inv_freq
+
+if TYPE_CHECKING:
+    import torch
 
 # The paper's curriculum 8K -> 10K -> 12K -> 16K -> 16K for 8K data: each stage's place between w and L.
 DEFAULT_STAGES = (0.0, 0.25, 0.5, 1.0, 1.0)

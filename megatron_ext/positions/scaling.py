@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where frequencies are computed: a config check needs only the vocabulary
+    import torch
 
 # The one vocabulary of inference-time RoPE scaling: config fields, CLI choices, scorers and
 # the HF export all use these names.
@@ -40,6 +42,8 @@ def scaling_kind(name: str | None) -> str:
 
 def rope_inv_freq(rotary_dim: int, base: float, device: torch.device | str | None = None) -> torch.Tensor:
     """Standard RoPE inverse frequencies base ** (-arange(0, d, 2) / d), float32 [d // 2]."""
+    import torch
+
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even integer (got {rotary_dim})")
     if not base > 0:
@@ -109,6 +113,8 @@ def yarn_attention_factor(factor: float) -> float:
 def _yarn_inv_freq(rotary_dim: int, base: float, factor: float, original_len: int,
                    beta_fast: float, beta_slow: float, device) -> torch.Tensor:
     """NTK-by-parts frequencies, written to match transformers' _compute_yarn_parameters (truncate=True)."""
+    import torch
+
     def correction_dim(num_rotations: float) -> float:
         # The dimension whose wavelength fits `num_rotations` times in the original window.
         return rotary_dim * math.log(original_len / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -127,6 +133,8 @@ def _yarn_inv_freq(rotary_dim: int, base: float, factor: float, original_len: in
 def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, original_len: int,
                     low_freq_factor: float, high_freq_factor: float) -> torch.Tensor:
     """Llama 3.1's frequency-dependent scaling of `inv_freq`, written like transformers' _compute_llama3_parameters."""
+    import torch
+
     low_freq_wavelen = original_len / low_freq_factor
     high_freq_wavelen = original_len / high_freq_factor
     wavelen = 2 * math.pi / inv_freq

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_ext.model import ModelConfig
+from megatron_ext.model_config import ModelConfig
 
 ADAM_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 GRAD_BYTES = 4  # DDP main_grad buffer, grad_reduce_in_fp32=True (engine.py)

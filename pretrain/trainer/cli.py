@@ -27,7 +27,7 @@ def parser() -> Parser:
 
 def check_data(config) -> None:
     """ValueError naming the fix unless every data prefix is complete and its tokenizer fits model.vocab_size."""
-    from pretrain.trainer.data import check_build, parse_blend
+    from pretrain.trainer.data_paths import check_build, parse_blend
 
     if config.data.synthetic:
         return
@@ -62,8 +62,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from pretrain.trainer import config as config_module
-    from pretrain.trainer.data import DataError
-    from pretrain.trainer.loop import run_cli
+    from pretrain.trainer.data_checks import DataError
 
     try:
         overrides = args.overrides
@@ -99,4 +98,6 @@ def main(argv: list[str]) -> int:
     except (ValueError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from pretrain.trainer.loop import run_cli
+
     return run_cli(config)

@@ -17,14 +17,16 @@ from typing import Any
 
 import yaml
 
-from megatron_ext.model import ModelConfig, ParallelConfig
+from megatron_ext.model_config import ModelConfig
+from megatron_ext.parallel import ParallelConfig
 from pretrain.table import model_preset
 from pretrain.trainer.config_no_ops import check_no_ops
 from pretrain.trainer.config_ranges import check_range
 from pretrain.trainer.config_sections import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerSettings,
                                               ScheduleConfig, WandbConfig)
 from pretrain.trainer.config_values import coerce, parse_value, read_yaml, shown
-from pretrain.trainer.data import check_data_path, parse_blend, task_source
+from pretrain.trainer.data_paths import check_data_path, parse_blend
+from pretrain.trainer.task_data import task_source
 from megatron_ext.positions import PositionConfig
 
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "saved on SIGTERM/SIGUSR1, requeue me"

@@ -20,7 +20,6 @@ import sys
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 if TYPE_CHECKING:
     from data_prep.manifest import Manifest
@@ -87,6 +86,8 @@ class CheckedSamples:
         return len(self.source)
 
     def __getitem__(self, index: int) -> dict:
+        import torch  # here: a config check imports this module's DataError without torch
+
         sample = self.source[index]
         for key in ("tokens", "labels"):
             ids = torch.as_tensor(sample[key])

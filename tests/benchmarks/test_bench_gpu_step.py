@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_gpu_step as bench  # noqa: E402
+import megatron_record  # noqa: E402
 
 from pretrain.trainer.config import load  # noqa: E402
 
@@ -24,7 +25,7 @@ def dry_run(tmp_path_factory):
                            "--rounds", "1", "--steps-per-round", "1", "--peak-tflops", "1", "--output", str(output)],
                           cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-                               "PATH": "/usr/bin:/bin"})
+                               "PATH": "/usr/bin:/bin", **megatron_record.environment()})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return output, json.loads((output / "bench.json").read_text()), proc.stdout
 

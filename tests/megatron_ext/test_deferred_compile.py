@@ -1,4 +1,4 @@
-"""megatron.core imports without torch._dynamo (megatron_ext.cpu_compat's import shims): its torch.compile
+"""megatron.core imports without torch._dynamo (megatron_ext/import_shims.py): its torch.compile
 decorations compile at their first call, as torch.compile itself does, and torch.compile is itself again after.
 On CPU, torch.optim's optimizers step without importing torch._dynamo either (cpu_compat patch 8), to the same bits."""
 
@@ -12,7 +12,7 @@ import sys
 import torch
 
 from conftest import REPO
-from megatron_ext.cpu_compat import deferred_compile
+from megatron_ext.import_shims import deferred_compile
 
 
 def recording_compile(calls: list):

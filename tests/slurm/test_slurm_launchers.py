@@ -22,7 +22,7 @@ SLURM = REPO / "slurm"
 LAUNCHERS = [f"pretrain_{size}_{method}.sh" for size in TABLE1_SIZES for method in SHIPPED_METHODS]
 # The launchers are one generated template (tests/experiments/test_generated_files.py pins each file to the
 # generator), so a dry run per method, the sizes taken in turn, runs every method's and every size's part of it:
-# one dry run per method, not one per launcher (~2.5 CPU-s each, most of it the plan's Python start-up).
+# one dry run per method, not one per launcher.
 DRY_RUN_LAUNCHERS = [f"pretrain_{TABLE1_SIZES[i % len(TABLE1_SIZES)]}_{method}.sh"
                      for i, method in enumerate(SHIPPED_METHODS)]
 ALL_SCRIPTS = sorted(str(p.relative_to(REPO)) for p in SLURM.rglob("*.sh"))
