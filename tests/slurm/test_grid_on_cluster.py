@@ -2,7 +2,7 @@
 and report jobs chained by real dependencies; one training job killed with scancel mid-way; the rerun
 resubmits only that run (and its evaluation and the report), which resumes from its checkpoint.
 
-One grid (baseline and PosAug, seed 42, 300 tiny steps so that a run can be killed while it trains) goes
+One grid (baseline and PosAug, seed 42, STEPS tiny steps so that a run can be killed while it trains) goes
 through every stage in the module fixture; each test reads one part of what happened.
 """
 
@@ -24,8 +24,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]  # real SL
 
 LOCAL_DIR = os.environ.get("SLURM_LOCAL_DIR", "/var/lib/slurm-local")
 PY = sys.executable
-GRID = ["--preset", "cpu-tiny", "--methods", "posaug",
-        "--set", "schedule.train_iters=300", "logging.log_interval=5", "checkpoint.save_interval=50"]
+# PosAug is killed at step KILL_AT, past its first periodic save; the rerun trains the rest from that save
+STEPS, KILL_AT, SAVE_INTERVAL = 120, 60, 50
+GRID = ["--preset", "cpu-tiny", "--methods", "posaug", "--set", f"schedule.train_iters={STEPS}",
+        "logging.log_interval=5", f"checkpoint.save_interval={SAVE_INTERVAL}"]
 
 
 def job_env() -> dict:
@@ -85,11 +87,11 @@ def story(cluster, tmp_path_factory):
     task = json.loads((out / "grid.json").read_text())["jobs"]["train"]["tiny_posaug_seed42"]
     log = out / "logs" / f"train-tiny_posaug-{task}.out"
     deadline = time.time() + 420
-    while not (log.is_file() and "0: step 60/300 |" in log.read_text()):
+    while not (log.is_file() and f"0: step {KILL_AT}/{STEPS} |" in log.read_text()):
         text = log.read_text()[-3000:] if log.is_file() else ""
-        assert time.time() < deadline, f"PosAug did not reach step 60 in time:\n{text}"
+        assert time.time() < deadline, f"PosAug did not reach step {KILL_AT} in time:\n{text}"
         assert task in live_jobs(), f"{task} ended before it could be killed:\n{log.read_text()[-3000:]}"
-        time.sleep(1)
+        time.sleep(0.2)
     cancel = subprocess.run(["scancel", task], env=job_env(), capture_output=True, text=True, timeout=60)
     assert cancel.returncode == 0, cancel.stderr
     seen["killed"] = task
@@ -117,8 +119,9 @@ def test_the_grid_is_one_data_job_a_training_array_and_an_evaluation_per_run_and
 
 def test_the_killed_run_is_failed_and_missing_from_the_report_while_the_other_finishes(story):
     status = story["status_after_kill"]
-    assert re.search(r"^tiny_baseline_seed42 +finished +\S+ +300/300 +[\d.]+ +yes$", status, re.M), status
-    assert re.search(rf"^tiny_posaug_seed42 +(failed|stopped) +{story['killed']} +\d+/300 +[\d.]+ +no$", status, re.M)
+    assert re.search(rf"^tiny_baseline_seed42 +finished +\S+ +{STEPS}/{STEPS} +[\d.]+ +yes$", status, re.M), status
+    assert re.search(rf"^tiny_posaug_seed42 +(failed|stopped) +{story['killed']} +\d+/{STEPS} +[\d.]+ +no$", status,
+                     re.M)
     assert "**Missing** (not trained or not evaluated yet; rerun the same command to resubmit): posaug seed 42." \
         in story["report_after_kill"]
     killed_log = (story["out"] / "logs" / f"train-tiny_posaug-{story['killed']}.out").read_text()
@@ -138,9 +141,9 @@ def test_the_resubmitted_run_resumes_from_its_checkpoint(story):
     # scancel's SIGTERM reaches the trainer, which saves where it stopped; else the newest periodic save counts
     killed_log = (story["out"] / "logs" / f"train-tiny_posaug-{story['killed']}.out").read_text()
     stop_save = re.search(r"\n0: received SIGTERM: saved iteration (\d+),", killed_log)
-    expected = stop_save.group(1) if stop_save else "(50|100|150|200|250)"
+    expected = stop_save.group(1) if stop_save else f"({'|'.join(map(str, range(SAVE_INTERVAL, STEPS, SAVE_INTERVAL)))})"
     assert re.search(rf"\n0: resumed from iteration {expected} ", log), log[-3000:]
-    assert "\n0: step 300/300 |" in log
+    assert f"\n0: step {STEPS}/{STEPS} |" in log
 
 
 def test_the_grid_ends_with_every_run_finished_evaluated_and_in_the_report(story):

@@ -1,7 +1,7 @@
 """The launchers' pre-flight fails closed: a pre-flight (or plan) that cannot run or crashes stops the launcher with
 exit 2 and one line, unless SKIP_PREFLIGHT=1 says to go on, which the launcher then says. Through the real launcher
 script in dry-run mode (no cluster needed), with a real Python that cannot run the check: the system interpreter,
-which has no torch (as on a login node whose container holds the project's Python)."""
+which has no torch and no numpy (as on a login node whose container holds the project's Python)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ LAUNCHER = REPO / "slurm" / "pretrain_10m_posaug.sh"
 
 
 def python_without_torch() -> str:
-    """A real interpreter on this machine that cannot import torch (the check crashes in it)."""
+    """A real interpreter on this machine that cannot import numpy (the check, torch-free, crashes in it)."""
     for candidate in ("/usr/bin/python3", shutil.which("python3") or ""):
         if candidate and os.access(candidate, os.X_OK) and subprocess.run(
-                [candidate, "-c", "import torch"], capture_output=True).returncode != 0:
+                [candidate, "-c", "import numpy"], capture_output=True).returncode != 0:
             return candidate
-    pytest.skip("every python3 here has torch: no interpreter in which the pre-flight crashes")
+    pytest.skip("every python3 here has numpy: no interpreter in which the pre-flight crashes")
 
 
 def dry_run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
@@ -41,13 +41,13 @@ def one_stderr_line(proc: subprocess.CompletedProcess) -> str:
 
 def test_a_crashing_preflight_stops_the_launcher_with_exit_2_and_one_line(tmp_path):
     line = one_stderr_line(dry_run(tmp_path, GPUS_PER_NODE="0"))  # a CPU job: no plan, only the pre-flight
-    assert "the pre-flight check could not run" in line and "No module named 'torch'" in line
+    assert "the pre-flight check could not run" in line and "No module named 'numpy'" in line
     assert "SKIP_PREFLIGHT=1" in line
 
 
 def test_a_crashing_plan_stops_a_gpu_launcher_with_exit_2_and_one_line(tmp_path):
     line = one_stderr_line(dry_run(tmp_path))
-    assert "the plan could not run" in line and "No module named 'torch'" in line and "SKIP_PREFLIGHT=1" in line
+    assert "the plan could not run" in line and "No module named 'numpy'" in line and "SKIP_PREFLIGHT=1" in line
 
 
 def test_skip_preflight_continues_past_a_crashing_preflight_and_says_so(tmp_path):

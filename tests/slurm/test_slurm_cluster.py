@@ -126,12 +126,17 @@ def test_sbatch_113m_posaug_trains_on_two_cpu_ranks_to_a_checkpoint_with_tensorb
     assert f"data_path: {data / 'local' / 'c'}" in config
 
 
+# Steps of the stop-signal jobs: the signal is sent at step 5 and lands within a few steps (~0.06 s each alone),
+# so the run is still training when it arrives, and the rerun trains the rest.
+STOP_STEPS = 60
+
+
 # USR1 to the batch shell is the launcher's time-limit warning (#SBATCH --signal=B:USR1@...); TERM to the job step
 # is what slurmstepd delivers to every process of the step on preemption or `scancel --signal=TERM`.
 @pytest.mark.parametrize("signal_name, target", [("USR1", ["--batch"]), ("TERM", [])], ids=["usr1-batch", "term-step"])
 def test_a_stop_signal_checkpoints_requeues_and_resumes_from_that_step(cluster, tmp_path, signal_name, target):
     env = job_env(SYNTHETIC_DATA="1", OUTPUT_DIR=str(tmp_path / "runs"),
-                  OVERRIDES=f"{TINY} schedule.train_iters=150 logging.log_interval=5 checkpoint.save_interval=1000")
+                  OVERRIDES=f"{TINY} schedule.train_iters={STOP_STEPS} logging.log_interval=5 checkpoint.save_interval=1000")
     waiter = subprocess.Popen(["timeout", "400", "sbatch", "--wait", "--parsable", f"--output={tmp_path}/job-%j.out",
                                *CPU_JOB, str(SLURM / "pretrain_113m_posaug.sh")],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -140,11 +145,11 @@ def test_a_stop_signal_checkpoints_requeues_and_resumes_from_that_step(cluster, 
         deadline = time.time() + 240
         while time.time() < deadline:  # wait until training is under way, then preempt it
             logs = list(tmp_path.glob("job-*.out"))
-            if logs and "\n0: step 5/150 |" in logs[0].read_text():
+            if logs and f"\n0: step 5/{STOP_STEPS} |" in logs[0].read_text():
                 log_file = logs[0]
                 break
             assert waiter.poll() is None, waiter.communicate()
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert log_file is not None, "training did not start within 240 s"
         job_id = re.match(r"job-(\d+)\.out", log_file.name).group(1)
         signal = sh(["scancel", f"--signal={signal_name}", *target, job_id], 30, env=env)
@@ -158,16 +163,16 @@ def test_a_stop_signal_checkpoints_requeues_and_resumes_from_that_step(cluster, 
     saved = re.search(rf"\n0: received SIG{signal_name}: saved iteration (\d+), exiting with 75 for requeue", log)
     assert saved, log[-5000:]
     step = int(saved.group(1))
-    assert 5 <= step < 150
+    assert 5 <= step < STOP_STEPS
     assert ("received SIGUSR1: forwarding to the training step" in log) == (signal_name == "USR1")
     assert "the trainer saved a checkpoint on a stop signal (exit code 75)" in log
     assert f"requeueing job {job_id}" in log
     assert f"(job {job_id} restart 1) ====" in log  # the same job id, started again by SLURM
     assert f"\n0: resumed from iteration {step} (" in log
-    assert "\n0: step 150/150 |" in log
+    assert f"\n0: step {STOP_STEPS}/{STOP_STEPS} |" in log
     run_dir = tmp_path / "runs" / "113m_posaug_seed42"
     assert (run_dir / f"iter_{step:07d}").is_dir()
-    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "150"
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == str(STOP_STEPS)
 
 
 def test_data_prep_batch_script_with_two_mpi_ranks_writes_the_local_runs_shards(cluster, data, tmp_path):
