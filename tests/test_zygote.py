@@ -147,8 +147,20 @@ def test_torchrun_and_reproduce_nest_and_other_commands_do_not():
 
 def test_an_import_time_variable_gets_a_server_of_its_own():
     base = ENV
-    assert zygote.server_for(base) is not zygote.server_for(dict(base, TOKENIZERS_PARALLELISM="true"))
+    assert zygote.server_for(base) is not zygote.server_for(dict(base, OMP_NUM_THREADS="2"))
     assert zygote.server_for(base) is zygote.server_for(dict(base, PRETRAIN_PLAN_CACHE="/elsewhere"))
+
+
+def test_a_variable_of_a_library_the_server_never_imported_shares_its_server():
+    base = ENV
+    assert zygote.server_for(base) is zygote.server_for(dict(base, WANDB_DIR="/elsewhere", HF_HOME="/elsewhere"))
+
+
+def test_a_server_whose_imports_load_a_library_of_those_variables_refuses_to_serve():
+    probe = "import sys, zygote; zygote.PRELOAD += ('wandb',); sys.exit(7 if zygote._preload() is None else 0)"
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(ENV, PYTHONPATH=f"{REPO / 'tests'}:{REPO}"))
+    assert proc.returncode == 7 and "its imports loaded ['wandb']" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_new_environment_past_the_limit_replaces_the_least_recently_used_server(monkeypatch):

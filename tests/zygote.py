@@ -15,7 +15,8 @@ own, as under `python -m`.
 
 Where a fork cannot be a fresh interpreter, the command is exec'ed as usual (`spawn_request` returns None):
 - the command is not `sys.executable -m <ZYGOTE_MODULES>` with a plain Popen (no preexec_fn, user, umask or passed fds);
-- its environment differs from the server's in a variable read at import time (IMPORT_TIME_ENV): a server per such
+- its environment differs from the server's in a variable read at import time (IMPORT_TIME_ENV; the variables of
+  libraries the server does not import, LATER_IMPORT_ENV, do not count): a server per such
   environment is started, at most MAX_SERVERS per pytest process, a new one replacing the least recently used (a
   module whose tests each set their own directories in such a variable would otherwise take every slot for good,
   and every later command of the worker would be exec'ed);
@@ -62,8 +63,12 @@ PRELOAD = ("pretrain.tasks", "pretrain.plan.micro_batch", "pretrain.trainer.cli"
            "megatron.core.optimizer", "megatron.core.dist_checkpointing.strategies.torch",
            "megatron.core.dist_checkpointing.strategies.filesystem_async", "megatron_ext.rope_attention",
            "megatron_ext.sdpa_attention", "psutil", "numpy.random", "multiprocessing.managers")
-IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA_", "LD_", "COVERAGE_", "MEGATRON", "NVTE_",
-                   "TRITON", "TOKENIZERS_", "HF_", "TRANSFORMERS", "WANDB")
+IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA_", "LD_", "COVERAGE_", "MEGATRON", "TRITON")
+# The variables of libraries PRELOAD does not import: a forked process that imports one reads them from its own
+# environment, so they need no server of their own (test_wandb's per-test directories started a server per test,
+# ~5 CPU-s each, and evicted the useful ones). A server whose imports load one of these libraries refuses to serve.
+LATER_IMPORT_ENV = {"NVTE_": "transformer_engine", "TOKENIZERS_": "tokenizers", "HF_": "huggingface_hub",
+                    "TRANSFORMERS": "transformers", "WANDB": "wandb"}
 # Set by torchrun for its workers and read when a process group is created, never at import.
 RUN_TIME_ENV = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 MAX_SERVERS = 3
@@ -264,6 +269,11 @@ def _preload() -> tuple[dict[str, str], bytes] | None:
         fresh_rng = torch.get_rng_state()
         for module in PRELOAD:
             importlib.import_module(module)
+    loaded = sorted(library for library in LATER_IMPORT_ENV.values() if library in sys.modules)
+    if loaded:
+        print(f"zygote {os.getpid()}: not serving (its imports loaded {loaded}, whose variables LATER_IMPORT_ENV "
+              f"leaves out of the server's key)", file=sys.stderr)
+        return None
     if shown or threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
         tasks = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
         print(f"zygote {os.getpid()}: not serving ({len(shown)} warnings shown: {[str(w.message) for w in shown]}; "
