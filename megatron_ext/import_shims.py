@@ -49,7 +49,6 @@ def _imports_triton_unguarded(module: str) -> bool:
     return False
 
 
-
 def install_triton_stub() -> bool:
     """Let megatron-core 0.18+ import without triton (a no-op for 0.16/0.17 or when triton exists)."""
     if importlib.util.find_spec("triton") is not None:

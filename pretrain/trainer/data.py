@@ -20,7 +20,6 @@ from pretrain.trainer.data_paths import check_build, check_data_path, parse_blen
 from pretrain.trainer.task_data import TaskDataSource, register_task_source, task_source  # noqa: F401 (re-exported)
 
 
-
 class SampleSource(Protocol):
     """Anything indexable into GPTDataset-style samples."""
 
