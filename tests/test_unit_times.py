@@ -62,3 +62,15 @@ def test_cpu_seconds_now_counts_a_waited_child_process():
     before = cpu_seconds_now()
     subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
     assert cpu_seconds_now() - before > 0.05
+
+
+def test_the_tsv_lists_every_test_with_its_unit_time_and_cpu_time_most_cpu_first(tmp_path):
+    times = UnitTimes(by_unit)
+    times.add("tests/slurm/test_a.py::t1", 50.0, cpu_seconds=1.0)
+    times.add("tests/x/test_c.py::t3", 5.0, cpu_seconds=3.0)
+    times.add("tests/x/test_c.py::t3", 1.0, cpu_seconds=1.0)
+    times.write_tsv(str(tmp_path / "units.tsv"))
+    rows = [line.split("\t") for line in (tmp_path / "units.tsv").read_text().splitlines()]
+    assert rows == [["unit", "test", "seconds", "cpu_seconds"],
+                    ["tests/x/test_c.py", "tests/x/test_c.py::t3", "6.00", "4.00"],
+                    ["cluster", "tests/slurm/test_a.py::t1", "50.00", "1.00"]]

@@ -4,16 +4,20 @@ SLURM cluster (tests/conftest.py's `_work_unit` decides). Time is the sum of eac
 the worker measured it, so a unit's time is its share of one worker's wall time (on the controller, with or without
 xdist). Beside it, the CPU time the unit used: the worker's own and that of the child processes it waited for
 (subprocesses, torchrun and its ranks; not SLURM jobs, which slurmd runs), so a unit that mostly waits shows a low
-CPU share and the machine's utilisation over the run is the total CPU over (cores x wall).
+CPU share and the machine's utilisation over the run is the total CPU over (cores x wall). With POSAUG_UNIT_TIMES set
+to a path, every test's time and CPU time are also written there (a TSV: unit, test, seconds, CPU seconds), the data
+for choosing what to make cheaper next.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 from collections import defaultdict
 from typing import Callable
 
 SHOWN = 20
+TSV_ENV = "POSAUG_UNIT_TIMES"
 
 
 class UnitTimes:
@@ -24,6 +28,7 @@ class UnitTimes:
         self.seconds: dict[str, float] = defaultdict(float)
         self.cpu_seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
+        self.by_test: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
 
     def add(self, nodeid: str, seconds: float, cpu_seconds: float = 0.0) -> None:
         """Count one phase (setup, call or teardown) of one test."""
@@ -31,6 +36,8 @@ class UnitTimes:
         self.seconds[unit] += seconds
         self.cpu_seconds[unit] += cpu_seconds
         self.tests[unit].add(nodeid)
+        self.by_test[nodeid][0] += seconds
+        self.by_test[nodeid][1] += cpu_seconds
 
     def lines(self, shown: int = SHOWN) -> list[str]:
         """The slowest units, longest first, with the total over all units."""
@@ -42,6 +49,14 @@ class UnitTimes:
         out.append(f"{total / 60:8.1f}  {cpu_total / 60:7.1f}  {sum(len(t) for t in self.tests.values()):5d}  "
                    f"all units (worker time, summed over workers)")
         return out
+
+
+    def write_tsv(self, path: str) -> None:
+        """Every test's unit, time and CPU time, most CPU first."""
+        rows = sorted(self.by_test.items(), key=lambda item: -item[1][1])
+        with open(path, "w") as out:
+            out.write("unit\ttest\tseconds\tcpu_seconds\n")
+            out.writelines(f"{self.unit_of(test)}\t{test}\t{seconds:.2f}\t{cpu:.2f}\n" for test, (seconds, cpu) in rows)
 
 
 def cpu_seconds_now() -> float:
@@ -57,3 +72,6 @@ def report(unit_times: UnitTimes, terminalreporter) -> None:
     terminalreporter.section("time per work unit")
     for line in unit_times.lines():
         terminalreporter.write_line(line)
+    if path := os.environ.get(TSV_ENV):
+        unit_times.write_tsv(path)
+        terminalreporter.write_line(f"every test's time and CPU time: {path}")

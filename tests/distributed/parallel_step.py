@@ -184,9 +184,12 @@ def main():
              for name in filter(None, args.document_strategies.split(","))]
     rows += [(f"{name}+bf16", name, args.document_masking, True)
              for name in filter(None, args.bf16_strategies.split(","))]
-    # QK-norm and learnable sinks add parameters: each row's PP reference weights come from its own model.
-    references = {(name, bf16): full_model_state(model_preset("tiny", bf16=bf16, **MODEL_OPTIONS.get(name, {})))
-                  for _, name, _, bf16 in rows} if args.pp > 1 else {}
+    # QK-norm and learnable sinks add parameters: each row's PP reference weights come from its own model, built
+    # once per distinct model (its options and precision), not once per row.
+    models = {(name, bf16): (bf16, tuple(sorted(MODEL_OPTIONS.get(name, {}).items()))) for _, name, _, bf16 in rows}
+    built = {key: full_model_state(model_preset("tiny", bf16=key[0], **dict(key[1])))
+             for key in set(models.values())} if args.pp > 1 else {}
+    references = {row: built[key] for row, key in models.items()} if args.pp > 1 else {}
     distributed.initialize(parallel, SEED)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed

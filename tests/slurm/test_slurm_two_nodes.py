@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 SLURM = REPO / "slurm"
 TWO_NODES_DIR = os.environ.get("SLURM_TWO_NODES_DIR", "/var/lib/slurm-two-nodes")
 PY = sys.executable
-ITERS = 100
+# Long enough for the USR1 tests' signal after step 10 and the lost node after step 25 to land mid-run, and no
+# longer: every layout job and signal test trains this many steps.
+ITERS = 60
 TINY_113M = ("model.num_layers=2 model.hidden_size=64 model.ffn_hidden_size=128 model.num_attention_heads=4 "
              "model.num_query_groups=4 model.seq_length=32 model.vocab_size=512 schedule.global_batch_size=4 "
              "schedule.micro_batch_size=1 optimizer.lr_warmup_iters=1 logging.eval_iters=1 "
