@@ -7,6 +7,9 @@ phase far below 100 % waits more than it computes), so that the growth of any ph
     python3 tests/ci_phases.py --log FILE report --budget-minutes 40
 
 Standard library only: it runs before any virtual environment exists. A failing phase prints the table so far.
+`start` and `report` also time a fixed pure-Python loop (CPU seconds, so other load does not count): this VM's speed
+moves with its host (benchmarks/bench_zygote.py's exec'ed tiny training, same code: 4.21 CPU-s on 2026-12-02, 6.6 on
+2026-12-03; a Python loop 1.8x slower at 12:55 UTC than a minute later), so a total is read with its speed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+SPEED_LOOP = 5_000_000  # additions: 0.2 CPU-s on the 2-core machine the budget is set on, when its host is fast
+SPEED_LINE = "#speed"
+
+
+def loop_seconds() -> float:
+    """CPU seconds this process takes for SPEED_LOOP additions: how fast one core of the machine is now."""
+    started, total = time.process_time(), 0
+    for value in range(SPEED_LOOP):
+        total += value
+    return time.process_time() - started
 
 
 def load_average() -> str:
@@ -50,13 +64,22 @@ def read_phases(log: Path) -> list[tuple[str, float, int, str, str, str]]:
         return []
     phases = []
     for line in log.read_text().splitlines():
+        if line.startswith(SPEED_LINE):
+            continue
         name, seconds, code, load_start, load_end, *busy = line.split("\t")
         phases.append((name, float(seconds), int(code), load_start, load_end, busy[0] if busy else "?"))
     return phases
 
 
-def table(log: Path, budget_minutes: float | None) -> str:
-    """The phase table: each phase's minutes and the machine's load around it, the total, and the budget."""
+def start_speed(log: Path) -> str | None:
+    """The loop's CPU seconds that `start` recorded, or None."""
+    lines = [line for line in log.read_text().splitlines() if line.startswith(SPEED_LINE)] if log.exists() else []
+    return lines[0].split("\t")[1] if lines else None
+
+
+def table(log: Path, budget_minutes: float | None, end_speed: float | None = None) -> str:
+    """The phase table: each phase's minutes and the machine's load around it, the total, the machine's speed and
+    the budget."""
     phases = read_phases(log)
     width = max([len(name) for name, *_ in phases] + [len("total")])
     lines = [f"{'phase':<{width}}  {'minutes':>7}  load (start/end)  cpu busy  result"]
@@ -65,6 +88,9 @@ def table(log: Path, budget_minutes: float | None) -> str:
         lines.append(f"{name:<{width}}  {seconds / 60:>7.1f}  {load_start:>6} / {load_end:<6}   {busy:>8}  {result}")
     total = sum(seconds for _, seconds, *_ in phases) / 60
     lines.append(f"{'total':<{width}}  {total:>7.1f}")
+    if (speed := start_speed(log)) is not None:
+        at_end = "" if end_speed is None else f", {end_speed:.2f} at the end"
+        lines.append(f"machine speed: {SPEED_LOOP:,} Python additions took {speed} CPU-s at the start{at_end}")
     if budget_minutes is not None:
         verdict = "within" if total <= budget_minutes else "OVER"
         lines.append(f"budget {budget_minutes:g} min on a quiet 2-core machine (CI's hard limit is 90): {verdict} "
@@ -106,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--budget-minutes", type=float, default=None)
     args = parser.parse_args(argv)
     if args.verb == "start":
-        args.log.write_text("")
+        args.log.write_text(f"{SPEED_LINE}\t{loop_seconds():.2f}\n")
         return 0
     if args.verb == "report":
-        print(table(args.log, args.budget_minutes))
+        print(table(args.log, args.budget_minutes, loop_seconds()))
         return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

@@ -3,6 +3,7 @@ failing phase's exit code passed through with the table so far."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,14 @@ def test_the_budget_is_20_minutes_in_the_makefile_and_in_docs_testing():
     makefile = (REPO / "Makefile").read_text()
     assert "TEST_BUDGET_MINUTES := 20\n" in makefile and "--budget-minutes $(TEST_BUDGET_MINUTES)" in makefile
     assert "**Budget: 20 minutes on a quiet 2-core machine" in (REPO / "docs" / "testing.md").read_text()
+
+
+def test_the_report_gives_the_machines_speed_at_the_start_and_at_the_end(tmp_path):
+    log = tmp_path / "phases.tsv"
+    phases(log, "start")
+    phases(log, "run", "suite", "--", sys.executable, "-c", "pass")
+    report = phases(log, "report", "--budget-minutes", "20").stdout.splitlines()
+    speed = next(line for line in report if line.startswith("machine speed:"))
+    assert re.fullmatch(r"machine speed: 5,000,000 Python additions took \d+\.\d\d CPU-s at the start, "
+                        r"\d+\.\d\d at the end", speed), speed
+    assert report[-1].startswith("budget 20 min")
