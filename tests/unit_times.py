@@ -25,31 +25,48 @@ class UnitTimes:
 
     def __init__(self, unit_of: Callable[[str], str]) -> None:
         self.unit_of = unit_of
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.cpu_seconds: dict[str, float] = defaultdict(float)
-        self.tests: dict[str, set[str]] = defaultdict(set)
-        self.by_test: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.by_test: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # test -> [seconds, CPU seconds]
 
     def add(self, nodeid: str, seconds: float, cpu_seconds: float = 0.0) -> None:
         """Count one phase (setup, call or teardown) of one test."""
-        unit = self.unit_of(nodeid)
-        self.seconds[unit] += seconds
-        self.cpu_seconds[unit] += cpu_seconds
-        self.tests[unit].add(nodeid)
         self.by_test[nodeid][0] += seconds
         self.by_test[nodeid][1] += cpu_seconds
 
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Each unit's summed test time."""
+        return self._per_unit(0)
+
+    @property
+    def cpu_seconds(self) -> dict[str, float]:
+        """Each unit's summed CPU time."""
+        return self._per_unit(1)
+
+    @property
+    def tests(self) -> dict[str, set[str]]:
+        """Each unit's tests."""
+        units: dict[str, set[str]] = defaultdict(set)
+        for test in self.by_test:
+            units[self.unit_of(test)].add(test)
+        return units
+
+    def _per_unit(self, column: int) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        for test, values in self.by_test.items():
+            totals[self.unit_of(test)] += values[column]
+        return totals
+
     def lines(self, shown: int = SHOWN) -> list[str]:
         """The slowest units, longest first, with the total over all units."""
-        ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
-        total, cpu_total = sum(self.seconds.values()), sum(self.cpu_seconds.values())
+        seconds_of, cpu_of, tests_of = self.seconds, self.cpu_seconds, self.tests
+        ranked = sorted(seconds_of.items(), key=lambda item: -item[1])
+        total, cpu_total = sum(seconds_of.values()), sum(cpu_of.values())
         out = [f"{'minutes':>8}  {'cpu min':>7}  {'tests':>5}  unit (slowest {min(shown, len(ranked))} of {len(ranked)})"]
-        out += [f"{seconds / 60:8.1f}  {self.cpu_seconds[unit] / 60:7.1f}  {len(self.tests[unit]):5d}  {unit}"
+        out += [f"{seconds / 60:8.1f}  {cpu_of[unit] / 60:7.1f}  {len(tests_of[unit]):5d}  {unit}"
                 for unit, seconds in ranked[:shown]]
-        out.append(f"{total / 60:8.1f}  {cpu_total / 60:7.1f}  {sum(len(t) for t in self.tests.values()):5d}  "
+        out.append(f"{total / 60:8.1f}  {cpu_total / 60:7.1f}  {len(self.by_test):5d}  "
                    f"all units (worker time, summed over workers)")
         return out
-
 
     def write_tsv(self, path: str) -> None:
         """Every test's unit, time and CPU time, most CPU first."""
@@ -67,7 +84,7 @@ def cpu_seconds_now() -> float:
 
 def report(unit_times: UnitTimes, terminalreporter) -> None:
     """Print the table as a section of pytest's summary."""
-    if not unit_times.seconds:
+    if not unit_times.by_test:
         return
     terminalreporter.section("time per work unit")
     for line in unit_times.lines():

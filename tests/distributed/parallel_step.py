@@ -186,10 +186,16 @@ def main():
              for name in filter(None, args.bf16_strategies.split(","))]
     # QK-norm and learnable sinks add parameters: each row's PP reference weights come from its own model, built
     # once per distinct model (its options and precision), not once per row.
-    models = {(name, bf16): (bf16, tuple(sorted(MODEL_OPTIONS.get(name, {}).items()))) for _, name, _, bf16 in rows}
-    built = {key: full_model_state(model_preset("tiny", bf16=key[0], **dict(key[1])))
-             for key in set(models.values())} if args.pp > 1 else {}
-    references = {row: built[key] for row, key in models.items()} if args.pp > 1 else {}
+    built: dict[tuple, dict] = {}
+
+    def reference(name: str, bf16: bool) -> dict:
+        options = MODEL_OPTIONS.get(name, {})
+        key = (bf16, tuple(sorted(options.items())))
+        if key not in built:
+            built[key] = full_model_state(model_preset("tiny", bf16=bf16, **options))
+        return built[key]
+
+    references = {(name, bf16): reference(name, bf16) for _, name, _, bf16 in rows} if args.pp > 1 else {}
     distributed.initialize(parallel, SEED)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
