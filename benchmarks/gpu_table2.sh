@@ -16,7 +16,9 @@ shift $(($# < 2 ? $# : 2))
 py=${PYTHON:-python3}
 out=${OUT:-/tmp/gpu_table2_out}
 mkdir -p "$out"
-if ! $py -c "import megatron.core" 2>/dev/null; then  # the device machine has no megatron-core
+# find_spec, not an import: `import megatron.core` costs ~10 CPU-s of torch._dynamo (megatron_ext/import_shims.py)
+if ! $py -c "import importlib.util as u, sys; sys.exit(u.find_spec('megatron.core') is None)" 2>/dev/null; then
+  # the device machine has no megatron-core
   $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "error: the wheels in .whl/ did not install" | tee "$out/table2.log"; exit 1; }
   export PYTHONPATH=/tmp/site

@@ -92,6 +92,19 @@ def test_the_forked_process_is_the_tests_child_and_dies_of_the_signal_sent_to_it
     assert proc.wait(timeout=30) == -signal.SIGTERM
 
 
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "exec"])
+def test_environ_of_gives_the_processs_own_environment_where_proc_shows_the_servers(probe, tmp_path, forked):
+    (tmp_path / "probe.py").write_text(PROBE)
+    proc = zygote.ZygotePopen([sys.executable, "-m", "probe", "wait"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              text=True, env=dict(ENV, PROBE_VALUE="its own", POSAUG_ZYGOTE="1" if forked else "0"))
+    try:
+        assert proc.stdout.readline() == "waiting\n" and _forked(proc.pid) == forked
+        assert zygote.environ_of(proc.pid)["PROBE_VALUE"] == "its own"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_pretrain_commands_are_forked_and_others_exec_ed():
     env = ENV
     pretrain = zygote.ZygotePopen([sys.executable, "-m", "pretrain", "nope"], env=env, stderr=subprocess.PIPE)

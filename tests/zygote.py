@@ -25,7 +25,10 @@ Where a fork cannot be a fresh interpreter, the command is exec'ed as usual (`sp
   thread; a warning shown there would not reach the test's stderr).
 Variables that the imports set (data_prep sets TOKENIZERS_PARALLELISM) are set again in each process, and
 torch's and numpy's global generators start as in a new process. /proc/PID/cmdline and /proc/PID/environ show the
-server's (the kernel lets only CAP_SYS_RESOURCE move them): a test that finds its processes by them sets POSAUG_ZYGOTE=0.
+server's (the kernel lets only CAP_SYS_RESOURCE move them), so each forked process also writes its environment to a
+file of this pytest process's ENVIRON_DIR, and `environ_of(pid)` reads that first: tests that find torchrun's ranks by
+RANK use it and their ranks are forked too (the hang tests' three exec'ed processes cost ~10 CPU-s a launch). A test
+that finds its processes by their command line sets POSAUG_ZYGOTE=0.
 
 A command that starts such processes itself (NESTING: torchrun, whose ranks are `python -u -m pretrain` or a script
 of tests/distributed/; `pretrain reproduce`, whose trainings are `python -m pretrain train`) gets a spare: a copy of
@@ -41,6 +44,7 @@ import collections
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -72,6 +76,9 @@ LATER_IMPORT_ENV = {"NVTE_": "transformer_engine", "TOKENIZERS_": "tokenizers", 
 # Set by torchrun for its workers and read when a process group is created, never at import.
 RUN_TIME_ENV = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 MAX_SERVERS = 3
+# Where forked processes publish their environment: one directory per pytest process (a forked command's spare
+# takes its client's from the request, so ranks under a forked torchrun publish where the test looks).
+ENVIRON_DIR = f"/tmp/posaug-zygote-{os.getpid()}.environ"
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 _EXEC_POPEN = subprocess.Popen  # the servers themselves are exec'ed (conftest replaces subprocess.Popen)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -154,7 +161,7 @@ def spawn_request(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, s
     return {**target, "argv": argv, "unbuffered": unbuffered, "env": env,
             "cwd": os.path.abspath(cwd or os.getcwd()), "new_session": bool(start_new_session),
             "process_group": None if process_group in (None, -1) else process_group,
-            "modules": list(ZYGOTE_MODULES), "script_dirs": list(ZYGOTE_SCRIPT_DIRS)}
+            "modules": list(ZYGOTE_MODULES), "script_dirs": list(ZYGOTE_SCRIPT_DIRS), "environ_dir": ENVIRON_DIR}
 
 
 def server_for(env: dict[str, str]) -> Server | None:
@@ -176,11 +183,27 @@ def server_for(env: dict[str, str]) -> Server | None:
 
 
 def close_all() -> None:
-    """Stop every zygote of this process."""
+    """Stop every zygote of this process and remove the environments its forked processes published."""
     with _lock:
         for server in _servers.values():
             server.close()
         _servers.clear()
+    if not _serving_spare:
+        shutil.rmtree(ENVIRON_DIR, ignore_errors=True)
+
+
+def _start_time(pid: int) -> str:
+    """Field 22 of /proc/PID/stat: with the pid, it names one process (a pid is reused, this pair is not)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """A process's environment: the one it published if it was forked from a zygote, else /proc/PID/environ."""
+    published = Path(ENVIRON_DIR, f"{pid}-{_start_time(pid)}.json")
+    if published.exists():
+        return json.loads(published.read_text())
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(os.fsdecode(entry).split("=", 1) for entry in entries if b"=" in entry)
 
 
 class ZygotePopen(subprocess.Popen):
@@ -360,6 +383,7 @@ def _become(request: dict, fds: list[int], added_env: dict[str, str], fresh_rng:
     os.environ.update(request["env"])
     for key, value in added_env.items():
         os.environ.setdefault(key, value)
+    _publish_environ(request["environ_dir"])
     for number in range(1, signal.NSIG):  # a fresh interpreter's dispositions
         if number in (signal.SIGKILL, signal.SIGSTOP):
             continue
@@ -386,6 +410,14 @@ def _become(request: dict, fds: list[int], added_env: dict[str, str], fresh_rng:
     numpy.random.seed()
     torch.set_rng_state(torch.frombuffer(bytearray(fresh_rng), dtype=torch.uint8))
     sys.path[0] = os.path.dirname(request["script"]) if "script" in request else request["cwd"]
+
+
+def _publish_environ(directory: str) -> None:
+    """Write this process's environment where `environ_of` finds it (written whole, then renamed into place)."""
+    os.makedirs(directory, exist_ok=True)
+    path = Path(directory, f"{os.getpid()}-{_start_time(os.getpid())}.json")
+    path.with_suffix(".tmp").write_text(json.dumps(dict(os.environ)))
+    path.with_suffix(".tmp").rename(path)
 
 
 def _run(request: dict) -> None:
@@ -432,8 +464,9 @@ def _run(request: dict) -> None:
 
 def _attach_spare(request: dict) -> None:
     """Fork this command's own `python -m pretrain` and rank processes from its spare (module docstring)."""
-    global ZYGOTE_MODULES, ZYGOTE_SCRIPT_DIRS, _serving_spare
+    global ZYGOTE_MODULES, ZYGOTE_SCRIPT_DIRS, ENVIRON_DIR, _serving_spare
     ZYGOTE_MODULES, ZYGOTE_SCRIPT_DIRS = tuple(request["modules"]), tuple(request["script_dirs"])
+    ENVIRON_DIR = request["environ_dir"]
     _serving_spare = True
     _servers[import_time_env(request["server_env"])] = Server.spare(request["spare"])
     subprocess.Popen = ZygotePopen

@@ -46,7 +46,7 @@ def test_a_live_rank_stuck_in_its_own_work_is_named_as_behind_the_others(tmp_pat
     (hook / "sitecustomize.py").write_text(HOOK)
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{hook}", CUDA_VISIBLE_DEVICES="",
-               POSAUG_ZYGOTE="0")  # rank_pid reads /proc/PID/environ
+               POSAUG_ZYGOTE="0")  # exec'ed: a forked rank would not run the hook's sitecustomize
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pretrain",
                "train", "--set", *RUN, "schedule.global_batch_size=8", "schedule.micro_batch_size=1",
                "schedule.train_iters=100", f"checkpoint.save={run_dir}", "checkpoint.save_interval=1000"]

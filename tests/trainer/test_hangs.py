@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import zygote
 from conftest import REPO, TINY_TRAIN, one_error_line, run_train, tensorboard_scalars
 
 TIMEOUT_S = 20
@@ -35,8 +36,7 @@ RUN = [*TINY_TRAIN, "data.synthetic=true", "schedule.global_batch_size=4", "sche
 
 def start(run_dir: Path, iters: int, *extra: str) -> subprocess.Popen:
     """The DP=2 run under torchrun, stdout and stderr piped."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="",
-               POSAUG_ZYGOTE="0")  # ranks found by /proc/PID/environ, which a forked one does not show
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pretrain",
                "train", "--set", *RUN, f"schedule.train_iters={iters}", f"checkpoint.save={run_dir}", *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -45,10 +45,9 @@ def start(run_dir: Path, iters: int, *extra: str) -> subprocess.Popen:
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     """The pid of one torchrun worker, found by the RANK in its environment."""
     for child in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split():
-        if f"RANK={rank}".encode() in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
+        if zygote.environ_of(int(child)).get("RANK") == str(rank):
             return int(child)
-    raise AssertionError(f"no worker with RANK={rank} under torchrun {launcher.pid} (a rank forked from the zygote "
-                         f"shows the server's environment: start such a torchrun with POSAUG_ZYGOTE=0)")
+    raise AssertionError(f"no worker with RANK={rank} under torchrun {launcher.pid}")
 
 
 def until_step(proc: subprocess.Popen, step: int, timeout: float = 240) -> list[str]:

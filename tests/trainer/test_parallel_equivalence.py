@@ -1,9 +1,9 @@
-"""Training does not depend on the parallel layout: TP=2, PP=2 (1F1B), DP=2 (± distributed optimizer) and
-micro-batch size 4 x 1 vs 1 x 4 accumulation give one process's losses and parameters after 3 steps, for
-every position strategy and model-option method (p-RoPE, NoPE-interleave + temperature, SSMax, their PosAug
-compositions, QK-norm, sinks, sliding-window layers with PosAug on the global ones), and under TP=2, PP=2 and
-DP=2 with document masking too (torchrun/gloo; one launch per layout loops over all of them, the document-masked
-rows included).
+"""Training does not depend on the parallel layout: TP=2 (sequence parallel, micro-batches of 2), PP=2 (1F1B), DP=2
+(± distributed optimizer) and micro-batch size 4 x 1 vs 1 x 4 accumulation give one process's losses and parameters
+after 3 steps, for every position strategy and model-option method (p-RoPE, NoPE-interleave + temperature, SSMax,
+their PosAug compositions, QK-norm, sinks, sliding-window layers with PosAug on the global ones), and under TP=2,
+PP=2 and DP=2 with document masking too (torchrun/gloo; one launch per layout loops over all of them, the document-
+masked rows included).
 
 BF16 (issue 42), PosAug's row in the same launches: TP=2 and PP=2 train the tiny model like one process within a
 bf16 tolerance, DP=2 and DP=2 with the distributed optimizer bit for bit (3 steps, bf16 weights, fp32 main params and
@@ -74,7 +74,10 @@ def layouts(tmp_path_factory):
     return {}
 
 
-LAYOUTS = {"tp2": (2, ["--tp", "2", *EXTRA_ROWS]), "pp2": (2, ["--pp", "2", *EXTRA_ROWS]), "dp2": (2, EXTRA_ROWS),
+# TP=2 in micro-batches of 2 (two per step, so accumulation under TP stays tested): each micro-batch costs ~10
+# sequence-parallel gloo collectives per layer, and at size 1 the launch took 90 CPU-s against one process's 21.
+LAYOUTS = {"tp2": (2, ["--tp", "2", "--micro-batch-size", "2", *EXTRA_ROWS]), "pp2": (2, ["--pp", "2", *EXTRA_ROWS]),
+           "dp2": (2, EXTRA_ROWS),
            "dp2-distributed-optimizer": (2, ["--distributed-optimizer", *EXTRA_ROWS[2:]]),
            "mbs4x1-vs-mbs1x4": (1, ["--micro-batch-size", "4"])}
 

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import zygote
 from conftest import REPO, TINY_TRAIN, tensorboard_scalars
 
 
@@ -166,8 +167,7 @@ def _throttle(pid: int, done: threading.Event) -> None:
 @pytest.mark.slow
 def test_a_slowed_pipeline_stage_is_named_and_not_its_waiting_peer(tmp_path):
     run_dir = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="",
-               POSAUG_ZYGOTE="0")  # ranks found by /proc/PID/environ, which a forked one does not show
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pretrain",
                "train", "--set", *TINY_TRAIN, "data.synthetic=true", "parallel.pipeline_model_parallel_size=2",
                "schedule.train_iters=12", "logging.eval_interval=1000", "checkpoint.save_interval=1000",
@@ -206,7 +206,6 @@ def _worker_pids(launcher: int) -> list[int]:
 
 def _rank_pid(launcher: int, rank: int) -> int:
     for child in _worker_pids(launcher):
-        with open(f"/proc/{child}/environ", "rb") as handle:
-            if f"RANK={rank}".encode() in handle.read().split(b"\0"):
-                return child
+        if zygote.environ_of(child).get("RANK") == str(rank):
+            return child
     raise AssertionError(f"no worker with RANK={rank} under torchrun {launcher}")
