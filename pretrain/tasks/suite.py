@@ -18,11 +18,13 @@ the report.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 
 from pretrain.faults import write_text_atomic
@@ -123,8 +125,8 @@ def evaluate_run(run_dir: Path, preset: SuitePreset, task: str, seed: int) -> di
 
 
 def _evaluate_timed(run_dir: Path, preset: SuitePreset, task: str, method: str, seed: int,
-                    threads: int) -> dict:
-    """evaluate_run in a worker with `threads` torch threads, plus its wall and CPU seconds."""
+                    threads: int | None) -> dict:
+    """evaluate_run with `threads` torch threads (None: this process's own), plus its wall and CPU seconds."""
     import resource
 
     from pretrain.console import quiet_known_warnings
@@ -132,7 +134,8 @@ def _evaluate_timed(run_dir: Path, preset: SuitePreset, task: str, method: str, 
     quiet_known_warnings()  # a spawned worker starts without the filters `python -m pretrain` installed
     import torch
 
-    torch.set_num_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
     started, before = time.time(), resource.getrusage(resource.RUSAGE_SELF)
     record = {"method": method, **evaluate_run(run_dir, preset, task, seed)}
     after = resource.getrusage(resource.RUSAGE_SELF)
@@ -144,6 +147,16 @@ def _without_examples(path: Path) -> bool:
     """Was this cached evaluation written before per-example scores were stored (pretrain.tasks.versus pairs them)?"""
     record = json.loads(path.read_text())
     return not all(x.get("example_tokens") for x in record["lengths"])
+
+
+def _completed(function, *args) -> Future:
+    """`function(*args)` run here, as a finished future (the one-job path of evaluate_runs)."""
+    future: Future = Future()
+    try:
+        future.set_result(function(*args))
+    except Exception as error:  # noqa: BLE001  raised again by result(), as from a worker
+        future.set_exception(error)
+    return future
 
 
 def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int], Path],
@@ -171,11 +184,14 @@ def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int
     if todo:
         (out / "eval").mkdir(parents=True, exist_ok=True)
         threads = max(1, (os.cpu_count() or 1) // jobs)
-        # spawn: a fresh interpreter per worker, no forked torch thread pools.
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_evaluate_timed, run_dir, preset, key[0], key[1], key[2], threads): key
+        # One job evaluates here: a worker process would pay ~5 CPU-s of imports for nothing. More use workers,
+        # spawned: a fresh interpreter per worker, no forked torch thread pools.
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else None
+        with pool or contextlib.nullcontext():
+            submit, worker_threads = (pool.submit, threads) if pool else (_completed, None)
+            futures = {submit(_evaluate_timed, run_dir, preset, key[0], key[1], key[2], worker_threads): key
                        for key, run_dir in todo.items()}
-            for index, future in enumerate(as_completed(futures), 1):
+            for index, future in enumerate(as_completed(futures) if pool else futures, 1):
                 task, method, seed = futures[future]
                 record = future.result()
                 key = futures[future]

@@ -33,12 +33,14 @@ def tiny_suite(tmp_path_factory):
     the baseline alone; every method (1 seed); the same again (resumes, trains nothing); a second seed for the
     baseline and RFS; a --report-only report of both seeds. Returns (output dir, {step: completed process})."""
     out = tmp_path_factory.mktemp("tasks")
+    # --jobs 1 evaluates in the command's own process; "every method" keeps the default (one job per core), so the
+    # spawned evaluation workers are taken too.
     steps = {
-        "baseline": ["--methods", "baseline"],
+        "baseline": ["--methods", "baseline", "--jobs", "1"],
         "every method": [],
         "every method again": [],
-        "challenger": ["--methods", "ryarn"],  # an opt-in row beside the stored ones: only it trains
-        "two seeds": ["--num-seeds", "2", "--methods", "baseline", "rfs"],
+        "challenger": ["--methods", "ryarn", "--jobs", "1"],  # an opt-in row beside the stored ones: only it trains
+        "two seeds": ["--num-seeds", "2", "--methods", "baseline", "rfs", "--jobs", "1"],
         "two seeds, report only": ["--num-seeds", "2", "--methods", "baseline", "rfs", "--report-only"],
     }
     done = {}
@@ -173,7 +175,7 @@ def test_the_papers_protocol_trains_to_40_and_evaluates_41_to_500_scaled_down(tm
     # one method: the protocol's lengths are the preset's, the same for every row; each row decodes 500 tokens
     # greedily with the 5-layer model (~30 CPU-s a row)
     proc = reproduce_tasks(tmp_path, "--tasks", "copy", "--methods", "rpe", "--train-iters", "2",
-                           "--eval-count", "2", "--eval-stride", "460", preset="papers-protocol")
+                           "--eval-count", "2", "--eval-stride", "460", "--jobs", "1", preset="papers-protocol")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     lengths = [r["length"] for r in results["records"][0]["lengths"]]
