@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import json, resource, sys, tempfile
+import megatron_ext  # noqa: F401  (first, as under `python -m pretrain`: its import shims skip torch._dynamo)
 import torch, megatron.core, transformers  # noqa: F401  (imports are not what the estimate covers)
 from pretrain.evaluation import cli, scorers  # noqa: F401
 from pretrain.trainer import inference_model  # noqa: F401
