@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 import megatron_record
+from pretrain.trainer.hang_exit import start_time
 
 ZYGOTE_MODULES = ("pretrain", "torch.distributed.run")
 # Scripts forked like modules: the programs the suite's torchrun launches run as ranks.
@@ -192,14 +193,9 @@ def close_all() -> None:
         shutil.rmtree(ENVIRON_DIR, ignore_errors=True)
 
 
-def _start_time(pid: int) -> str:
-    """Field 22 of /proc/PID/stat: with the pid, it names one process (a pid is reused, this pair is not)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-
-
 def environ_of(pid: int) -> dict[str, str]:
     """A process's environment: the one it published if it was forked from a zygote, else /proc/PID/environ."""
-    published = Path(ENVIRON_DIR, f"{pid}-{_start_time(pid)}.json")
+    published = Path(ENVIRON_DIR, f"{pid}-{start_time(pid)}.json")  # a pid is reused, this pair is not
     if published.exists():
         return json.loads(published.read_text())
     entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -415,7 +411,7 @@ def _become(request: dict, fds: list[int], added_env: dict[str, str], fresh_rng:
 def _publish_environ(directory: str) -> None:
     """Write this process's environment where `environ_of` finds it (written whole, then renamed into place)."""
     os.makedirs(directory, exist_ok=True)
-    path = Path(directory, f"{os.getpid()}-{_start_time(os.getpid())}.json")
+    path = Path(directory, f"{os.getpid()}-{start_time(os.getpid())}.json")
     path.with_suffix(".tmp").write_text(json.dumps(dict(os.environ)))
     path.with_suffix(".tmp").rename(path)
 

@@ -18,13 +18,12 @@ the report.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import time
 import uuid
-from concurrent.futures import Future
+from collections.abc import Iterator
 from pathlib import Path
 
 from pretrain.faults import write_text_atomic
@@ -149,14 +148,24 @@ def _without_examples(path: Path) -> bool:
     return not all(x.get("example_tokens") for x in record["lengths"])
 
 
-def _completed(function, *args) -> Future:
-    """`function(*args)` run here, as a finished future (the one-job path of evaluate_runs)."""
-    future: Future = Future()
-    try:
-        future.set_result(function(*args))
-    except Exception as error:  # noqa: BLE001  raised again by result(), as from a worker
-        future.set_exception(error)
-    return future
+def _evaluations(todo: dict[tuple[str, str, int], Path], preset: SuitePreset,
+                 jobs: int) -> Iterator[tuple[tuple[str, str, int], dict]]:
+    """(key, record) of each run in `todo`, evaluated here with one job (a worker process would pay ~5 CPU-s of
+    imports for nothing), else in `jobs` spawned workers (a fresh interpreter each, no forked torch thread pools)
+    as they finish."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    if jobs == 1:
+        for key, run_dir in todo.items():
+            yield key, _evaluate_timed(run_dir, preset, *key, threads=None)
+        return
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_evaluate_timed, run_dir, preset, *key, threads=threads): key
+                   for key, run_dir in todo.items()}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
 
 
 def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int], Path],
@@ -166,9 +175,6 @@ def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int
     refresh: also re-evaluate cached evaluations without per-example scores whose checkpoint is still there; a
     re-evaluation that changes a number keeps the former file as eval/<run>.before-examples.json and says so.
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     from pretrain.tasks.evaluate import without_example_scores
     from pretrain.trainer.checkpoint import latest_iteration
 
@@ -183,28 +189,18 @@ def evaluate_runs(out: Path, preset: SuitePreset, runs: dict[tuple[str, str, int
     todo.update(stale)
     if todo:
         (out / "eval").mkdir(parents=True, exist_ok=True)
-        threads = max(1, (os.cpu_count() or 1) // jobs)
-        # One job evaluates here: a worker process would pay ~5 CPU-s of imports for nothing. More use workers,
-        # spawned: a fresh interpreter per worker, no forked torch thread pools.
-        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else None
-        with pool or contextlib.nullcontext():
-            submit, worker_threads = (pool.submit, threads) if pool else (_completed, None)
-            futures = {submit(_evaluate_timed, run_dir, preset, key[0], key[1], key[2], worker_threads): key
-                       for key, run_dir in todo.items()}
-            for index, future in enumerate(as_completed(futures) if pool else futures, 1):
-                task, method, seed = futures[future]
-                record = future.result()
-                key = futures[future]
-                if key in former and former[key]["lengths"] != without_example_scores(record["lengths"]):
-                    write_text_atomic(cached[key].with_suffix(".before-examples.json"), json.dumps(former[key]),
-                                      what="the former evaluation")
-                    _log(f"    {runs[key].name}: re-evaluation changed a count; the former evaluation is kept as "
-                         f"{cached[key].with_suffix('.before-examples.json')}")
-                write_text_atomic(cached[key], json.dumps(record), what="the run's evaluation")
-                seen, unseen = record["summary"]["seen"], record["summary"]["unseen"]
-                _log(f"[eval {index}/{len(todo)}, load {load_average()}] {task} / {method}: seen {seen['accuracy']:.3f}, "
-                     f"unseen {unseen['accuracy'] if unseen else float('nan'):.3f} "
-                     f"({record['eval_timing']['wall_s']:.0f} s wall, {record['eval_timing']['cpu_s']:.0f} s CPU)")
+        for index, (key, record) in enumerate(_evaluations(todo, preset, jobs), 1):
+            task, method, _ = key
+            if key in former and former[key]["lengths"] != without_example_scores(record["lengths"]):
+                write_text_atomic(cached[key].with_suffix(".before-examples.json"), json.dumps(former[key]),
+                                  what="the former evaluation")
+                _log(f"    {runs[key].name}: re-evaluation changed a count; the former evaluation is kept as "
+                     f"{cached[key].with_suffix('.before-examples.json')}")
+            write_text_atomic(cached[key], json.dumps(record), what="the run's evaluation")
+            seen, unseen = record["summary"]["seen"], record["summary"]["unseen"]
+            _log(f"[eval {index}/{len(todo)}, load {load_average()}] {task} / {method}: seen {seen['accuracy']:.3f}, "
+                 f"unseen {unseen['accuracy'] if unseen else float('nan'):.3f} "
+                 f"({record['eval_timing']['wall_s']:.0f} s wall, {record['eval_timing']['cpu_s']:.0f} s CPU)")
     return [json.loads((out / "eval" / f"{run_dir.name}.json").read_text()) for run_dir in runs.values()]
 
 
