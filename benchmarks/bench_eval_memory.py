@@ -1,10 +1,11 @@
-"""`eval run`'s memory estimate (pretrain/evaluation/memory.py) against the peak RSS growth of a real eval on CPU.
+"""`eval run`'s memory estimate (pretrain/evaluation/memory.py) against the peak anonymous-memory growth of a real eval on CPU.
 
     .venv/bin/python benchmarks/bench_eval_memory.py RUN_DIR DATA [--lengths 16384 49152 98304] [--backend hf]
 
 Each length runs in its own subprocess: torch, Megatron-Core, transformers and the eval modules are imported
-first, VmRSS is read, then `eval run RUN_DIR --data DATA --lengths L --num-spans 1` runs in process and the
-growth is ru_maxrss - that VmRSS (model weights, activations, logits chunks, spans: what the estimate covers).
+first, then `eval run RUN_DIR --data DATA --lengths L --num-spans 1` runs in process while a thread samples its
+anonymous resident memory; the growth is peak minus before (model weights, activations, logits chunks, spans: what
+the estimate covers; library pages are left out, tests/evaluation/eval_memory_helpers.py says why).
 DATA may be a data_prep prefix or an indexed prefix (a train shard, for lengths longer than the validation split).
 """
 

@@ -12,9 +12,8 @@ from pretrain.evaluation.cli import eval_cli
 from pretrain.evaluation.memory import model_shape, peak_bytes
 from pretrain.trainer import config as config_module
 
-# measured / estimated was 0.87-0.95 at 16k-98k tokens in benchmarks/bench_eval_memory.py (benchmarks/README.md),
-# but 1.60 for this test in the clean-clone `make test` of 2026-11-27 (3 xdist workers, load ~10): the estimate is
-# good to a factor of 2, not 10 %, until that gap is explained
+# measured / estimated: 0.93 quiet, 0.80 with four busy loops beside it (anonymous memory, sampled: 2026-12-04);
+# ru_maxrss had read 1.0 quiet but 1.6-2.1 in loaded `make test` runs (library pages re-read after reclaim)
 RATIO_RANGE = (0.5, 2.0)
 
 
