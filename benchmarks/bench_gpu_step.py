@@ -155,6 +155,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu-tiny")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds, round-robin over the variants")
     p.add_argument("--steps-per-round", type=int, default=4, help="steps of one variant back to back in a round")
+    p.add_argument("--trace-steps", type=int, default=TRACE_STEPS,
+                   help="profiled steps per variant for the launch count and the chrome trace")
     p.add_argument("--variants", nargs="+", default=[*VARIANTS, ALL_TOGETHER], metavar="NAME",
                    help=f"among: {', '.join([*VARIANTS, ALL_TOGETHER])}")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -185,13 +187,13 @@ def run(args: argparse.Namespace) -> dict:
     if unknown:
         names = ", ".join([*VARIANTS, ALL_TOGETHER])
         raise ValueError(f"--variants {' '.join(unknown)}: unknown; choose among {names}")
-    if args.rounds < 1 or args.steps_per_round < 1:
-        raise ValueError("--rounds and --steps-per-round must be >= 1")
+    if args.rounds < 1 or args.steps_per_round < 1 or args.trace_steps < 1:
+        raise ValueError("--rounds, --steps-per-round and --trace-steps must be >= 1")
     output = args.output or REPO / "benchmarks" / "results" / f"bench_gpu_step_{args.preset}"
     output.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     device_type = "cuda" if cuda else "cpu"
-    total = WARMUP_STEPS + args.rounds * args.steps_per_round + 1 + TRACE_STEPS
+    total = WARMUP_STEPS + args.rounds * args.steps_per_round + 1 + args.trace_steps
     path, overrides = _base_config(args, total, output / "scratch")
     base = load(path, overrides)
     base.validate(1)
@@ -242,7 +244,7 @@ def _measure(args, base, variants, runnable, failed, output, cuda, device_type, 
         tokens_per_s = variant.tokens_per_step / step_s
         syncs, sync_how = count_syncs(variant, device_type)
         trace = output / f"trace_{args.preset}_{name.replace(' ', '_')}.json.gz"
-        profiled = _attempt(failed, name, "profile", lambda: profile(variant, trace, cuda))
+        profiled = _attempt(failed, name, "profile", lambda: profile(variant, trace, cuda, args.trace_steps))
         if profiled is None:
             continue
         launches, launch_how = profiled
@@ -264,7 +266,7 @@ def _measure(args, base, variants, runnable, failed, output, cuda, device_type, 
             "global_batch_size": schedule.global_batch_size, "micro_batch_size": schedule.micro_batch_size,
             "use_distributed_optimizer": base.parallel.use_distributed_optimizer,
             "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup_steps": WARMUP_STEPS,
-            "trace_steps": TRACE_STEPS, "peak_tflops": peak.tflops, "peak_source": peak.describe(),
+            "trace_steps": args.trace_steps, "peak_tflops": peak.tflops, "peak_source": peak.describe(),
             "flop_convention": convention, "variants": rows,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 

@@ -89,14 +89,14 @@ def count_syncs(variant: Stepper, device_type: str) -> tuple[int | None, str]:
     return counter.count, counter.how
 
 
-def profile(variant: Stepper, trace: Path, cuda: bool) -> tuple[float, str]:
-    """Kernel launches (or CPU ops) per step over TRACE_STEPS steps; the chrome trace gzipped to `trace`."""
+def profile(variant: Stepper, trace: Path, cuda: bool, steps: int = TRACE_STEPS) -> tuple[float, str]:
+    """Kernel launches (or CPU ops) per step over `steps` steps; the chrome trace gzipped to `trace`."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     _synchronize()
     with torch_profile(activities=activities) as prof:
-        for _ in range(TRACE_STEPS):
+        for _ in range(steps):
             variant.step()
         _synchronize()
     raw = trace.with_suffix("")  # trace_*.json, then gzipped beside it
@@ -108,9 +108,9 @@ def profile(variant: Stepper, trace: Path, cuda: bool) -> tuple[float, str]:
     if cuda:
         kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))]
         if kernels:
-            return len(kernels) / TRACE_STEPS, "CUDA kernel events"
+            return len(kernels) / steps, "CUDA kernel events"
         # a profiler build that records no device events still records the host's launch calls
         calls = [e for e in events if e.name in LAUNCH_CALLS]
-        return len(calls) / TRACE_STEPS, "host kernel-launch calls (no CUDA kernel events recorded)"
+        return len(calls) / steps, "host kernel-launch calls (no CUDA kernel events recorded)"
     ops = [e for e in events if e.name.startswith("aten::")]
-    return len(ops) / TRACE_STEPS, "CPU aten ops, nested ones included (no CUDA: not kernel launches)"
+    return len(ops) / steps, "CPU aten ops, nested ones included (no CUDA: not kernel launches)"
