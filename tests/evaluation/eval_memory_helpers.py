@@ -4,9 +4,9 @@ benchmarks/bench_eval_memory.py).
 torch, Megatron-Core, transformers and the eval modules are imported first; then `eval run` runs in the same process
 while a thread samples its anonymous resident memory (statm's resident minus shared pages) every millisecond. The
 growth, peak minus the value before, is what pretrain/evaluation/memory.py estimates (weights, activations, logits
-chunks, spans). File-backed pages are left out on purpose: library code re-read after the kernel reclaimed it under
-memory pressure counted in ru_maxrss and made a loaded `make test` read 2.1x the estimate (CI, 2026-12-03) where a
-quiet run reads 1.0x.
+chunks, spans). File-backed pages are left out on purpose: library code re-read after the kernel reclaimed it (the
+host's DAMON reclaim pages out cold pages, docs/testing.md) counted in ru_maxrss and made a loaded `make test` read
+2.1x the estimate (CI, 2026-12-03) where a quiet run reads 1.0x; with no swap, anonymous pages are never paged out.
 """
 
 import json
