@@ -19,7 +19,7 @@ from pretrain.trainer.config import load  # noqa: E402
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    """One cpu-tiny run: every variant of the table, one round of one step, one traced step (the suite's time is short)."""
+    """One cpu-tiny run: every variant of the table, one round of one step, one traced step (the suite is short)."""
     output = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_gpu_step.py"), "--preset", "cpu-tiny",
                            "--rounds", "1", "--steps-per-round", "1", "--trace-steps", "1", "--peak-tflops", "1",
