@@ -210,12 +210,11 @@ class Watchdog:
             self.hang_dir.mkdir(parents=True, exist_ok=True)
             self._write_stacks(step, phase)
             self._write_flight_recorder()
+            self.beats.publish()  # the stacks and the flight recorder can outlast a peer's two looks under load
             first = self._read()
             second = None
             if first is not None:  # without the store a second look would only wait out more store timeouts
-                for _ in range(3):  # a few ticks, so a live rank's counter moves at least once
-                    time.sleep(self.tick)
-                    self.beats.publish()
+                self._pause(3 * self.tick)  # a few ticks, so a live rank's counter moves at least once
                 second = self._read()
             line, named, stopped = self._describe(step, phase, setting, timeout_s, first, second)
             if second is None:  # this rank knows least: a rank that reads the heartbeats elects itself 3 ticks
@@ -225,12 +224,21 @@ class Watchdog:
             else:
                 deadline = time.monotonic() + 6 * STORE_TIMEOUT_S + 10 * self.tick
                 while not (self.hang_dir / REPORT).exists() and time.monotonic() < deadline:
-                    time.sleep(self.tick)
+                    self._pause(self.tick)
         except BaseException as error:  # the exit below must happen whatever went wrong on the way
             print(f"warning: rank {self.rank}: the hang report failed: {type(error).__name__}: {error}",
                   file=sys.stderr, flush=True)
         finally:
             exit_now()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, publishing this rank's heartbeat every tick: a rank writing or awaiting the report is live, and a
+        peer that looks twice meanwhile must not call it stopped (under load the stuck-rank test once named the
+        stuck rank "stopped reporting": its own report path had outlasted the other rank's two looks)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(self.tick, left))
+            self.beats.publish()
 
     def _write_stacks(self, step: int, phase: str) -> None:
         path = self.hang_dir / f"rank_{self.rank}.txt"
@@ -273,7 +281,7 @@ class Watchdog:
         live = [r for r in range(self.world) if r not in stopped]
         deadline = time.monotonic() + 2 * STORE_TIMEOUT_S
         while time.monotonic() < deadline and not all((self.hang_dir / f"rank_{r}.txt").exists() for r in live):
-            time.sleep(self.tick)  # the other live ranks' stacks, before anything can end them
+            self._pause(self.tick)  # the other live ranks' stacks, before anything can end them
         hosts = sorted({self.observer.host_of(r) for r in named} - {"an unknown host"})
         write_status(self.run_dir, "hung", self.step, self.total_iters, error=line, hung_ranks=named,
                      hung_hosts=hosts, checkpoint_iteration=latest_iteration(self.run_dir) or 0)

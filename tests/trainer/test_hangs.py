@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -434,3 +435,29 @@ def test_a_stop_that_lands_in_a_heartbeat_is_a_stall_not_a_hang(megatron_world, 
     watchdog.stop()
     assert fired == [] and len(calls) > 2
     assert len(stalls) == 1 and stalls[0][0] >= 2.5 and stalls[0][1] == 2
+
+
+def test_a_rank_awaiting_another_ranks_hang_report_keeps_its_heartbeat_moving(megatron_world, tmp_path,
+                                                                               monkeypatch):
+    # A peer that looks at the heartbeats twice (3 ticks apart) while this rank awaits the report must see it live:
+    # under load the stuck-rank test once named the stuck rank "stopped reporting" when its own report path had
+    # outlasted the other rank's looks (tests/trainer/test_hang_stuck_rank.py).
+    from pretrain.trainer import watchdog as watchdog_module
+
+    watchdog = watchdog_module.Watchdog(tmp_path, 10, startup_timeout_s=60.0, train_timeout_s=2.0)
+    real_publish, beats, ended = watchdog.beats.publish, [], []
+
+    def counted_publish():
+        beats.append(time.monotonic())
+        real_publish()
+
+    watchdog.beats.publish = counted_publish
+    monkeypatch.setattr(watchdog_module, "exit_now", lambda: ended.append(time.monotonic()))  # not this process
+    watchdog.hang_dir.mkdir(parents=True)
+    (watchdog.hang_dir / "reporter").write_text("")  # another rank was elected: this one awaits its report
+    report_at = time.monotonic() + 3.0
+    threading.Timer(3.0, (watchdog.hang_dir / watchdog_module.REPORT).write_text, args=("report\n",)).start()
+    watchdog._hang()
+    assert ended and ended[0] >= report_at
+    during_wait = [beat for beat in beats if beat >= report_at - 2.0]
+    assert len(during_wait) >= 5, f"{len(beats)} heartbeats in all, {len(during_wait)} in the last 2 s of the wait"
