@@ -1,7 +1,11 @@
 """How a hang ends: the watchdog's SIGKILL of a silent rank on its own host, and its own exit with HANG_EXIT_CODE.
 
 A heartbeat's pid may be stale by the time the report is written (the rank died and the pid was reused), so a
-rank is named by (host, pid, start time) and killed only while /proc still shows that start time.
+rank is named by (host, pid, start time) and killed only while /proc still shows that start time. A rank stopped
+before its first heartbeat is found by its launch environment instead (`find_rank`): torchrun and srun
+(slurm/rank_env.sh) start every rank with RANK and the job's MASTER_ADDR / MASTER_PORT, which tell one job's
+rank N from another job's on a shared node. Without that, torchrun's SIGTERM could not end it (stopped) and the
+job waited another 30 s for its SIGKILL (the CI run of dd34168: 108.8 s for a 60 s timeout).
 """
 
 from __future__ import annotations
@@ -29,6 +33,47 @@ def start_time(pid: int) -> int | None:
 def identity() -> dict:
     """This process as a heartbeat names it: host, pid and start time."""
     return {"host": socket.gethostname(), "pid": os.getpid(), "start_time": start_time(os.getpid())}
+
+
+LAUNCH_KEYS = ("MASTER_ADDR", "MASTER_PORT")  # with RANK: one rank of one job
+
+
+def launch_environment(pid: int) -> dict[str, str] | None:
+    """The environment a process was started with (/proc/<pid>/environ), or None if it is gone or not ours."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def find_rank(rank: int) -> dict | None:
+    """The identity record of this job's rank `rank` on this host, found by its launch environment (RANK and this
+    process's MASTER_ADDR / MASTER_PORT); None when no such process runs here. Its child processes inherit the
+    environment, so the one whose parent is not a match is the rank."""
+    job = {key: os.environ.get(key) for key in LAUNCH_KEYS}
+    if None in job.values() or os.environ.get("RANK") == str(rank):
+        return None
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid, began = int(entry), start_time(int(entry))
+        env = launch_environment(pid)
+        if env and env.get("RANK") == str(rank) and all(env.get(key) == job[key] for key in LAUNCH_KEYS):
+            found[pid] = began
+    for pid, began in found.items():
+        if _parent(pid) not in found and began is not None:
+            return {"host": socket.gethostname(), "pid": pid, "start_time": began}
+    return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def kill_rank(record: dict) -> str | None:

@@ -24,8 +24,8 @@ rank's deadline passes:
 3. the first live rank to create `<run>/hang/reporter` (O_EXCL; ranks that cannot reach the store try a few
    ticks later) prints one line naming those ranks, their hosts and progress, writes `report.txt`, and sets
    `status.json` to "hung" with that line; it SIGKILLs silent ranks on its own host whose pid still has the
-   start time of their heartbeat (hang_exit.py; a SIGSTOPped process ignores the launcher's SIGTERM, and
-   torchrun waits 30 s before its SIGKILL);
+   start time of their heartbeat, or, stopped before their first one, that its launch environment names
+   (hang_exit.py; a SIGSTOPped process ignores the launcher's SIGTERM, and torchrun waits 30 s before its SIGKILL);
 4. every live rank exits with HANG_EXIT_CODE once the report exists, so the job ends within the timeout plus a
    few ticks. Checkpoints are untouched: a save cut short leaves only an iter_N.tmp, which resume ignores.
 
@@ -61,7 +61,7 @@ from typing import Iterator
 import torch.distributed as dist
 
 from pretrain.trainer.hang_diagnosis import Observer, StepCounters, Verdict, diagnose
-from pretrain.trainer.hang_exit import HANG_EXIT_CODE, exit_now, identity, kill_rank
+from pretrain.trainer.hang_exit import HANG_EXIT_CODE, exit_now, find_rank, identity, kill_rank
 from pretrain.trainer.heartbeats import STORE_TIMEOUT_S, Heartbeats
 
 __all__ = ["HANG_EXIT_CODE", "Watchdog", "exit_now", "set_aside_previous"]
@@ -291,6 +291,8 @@ class Watchdog:
         print(f"error: {line}", file=sys.stderr, flush=True)
         for rank in stopped:  # a stopped process ignores SIGTERM until continued; the job must end now
             record = self.beats.records.get(rank)
+            if rank != self.rank and not (record or {}).get("pid"):  # stopped before its first heartbeat
+                record = find_rank(rank)
             if record and record.get("host") == self.host and rank != self.rank:
                 refused = kill_rank(record)
                 if refused:

@@ -1,5 +1,6 @@
-"""Who a hang report names, from the heartbeats alone (hang_diagnosis.py), and the identity check before the
-watchdog kills a silent rank (hang_exit.py). The end-to-end hangs through real processes are in test_hangs.py.
+"""Who a hang report names, from the heartbeats alone (hang_diagnosis.py); the identity check before the watchdog
+kills a silent rank and the search for one that never sent a heartbeat (hang_exit.py). The end-to-end hangs
+through real processes are in test_hangs.py.
 """
 
 from __future__ import annotations
@@ -146,3 +147,53 @@ def test_a_heartbeat_from_another_host_is_not_killed():
 
     record = {"host": "elsewhere", "pid": os.getpid(), "start_time": start_time(os.getpid())}
     assert kill_rank(record) == "not killed: on elsewhere, not on this host"
+
+
+def _launched(monkeypatch, rank: int, same_job: bool, command: list[str]) -> subprocess.Popen:
+    """`command` started as torchrun starts rank `rank` of this process's job (rank 0) or of another job; the port
+    is this test process's own, so xdist's other workers (running these tests too) are other jobs."""
+    port = 20000 + 2 * (os.getpid() % 10000)
+    for key, value in {"RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    env = {**os.environ, "RANK": str(rank), "MASTER_PORT": str(port if same_job else port + 1)}
+    return subprocess.Popen(command, env=env)
+
+
+def test_a_rank_stopped_before_its_first_heartbeat_is_found_by_its_launch_environment_and_killed(monkeypatch):
+    from pretrain.trainer.hang_exit import find_rank, kill_rank
+
+    rank_1 = _launched(monkeypatch, 1, True, ["sleep", "60"])
+    try:
+        os.kill(rank_1.pid, signal.SIGSTOP)
+        record = find_rank(1)
+        assert record and record["pid"] == rank_1.pid
+        assert kill_rank(record) is None
+        assert rank_1.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        rank_1.kill()
+        rank_1.wait()
+
+
+def test_the_same_rank_of_another_job_on_the_host_is_not_found(monkeypatch):
+    from pretrain.trainer.hang_exit import find_rank
+
+    other_job = _launched(monkeypatch, 1, False, ["sleep", "60"])
+    try:
+        time.sleep(0.2)  # exec'd: /proc shows sleep's environment, not a fork of this process's
+        assert find_rank(1) is None
+    finally:
+        other_job.kill()
+        other_job.wait()
+
+
+def test_the_rank_found_is_the_process_whose_children_inherited_its_launch_environment(monkeypatch):
+    from pretrain.trainer.hang_exit import find_rank, kill_tree
+
+    rank_1 = _launched(monkeypatch, 1, True, ["bash", "-c", "sleep 60 & wait"])
+    try:
+        time.sleep(0.3)
+        record = find_rank(1)
+        assert record and record["pid"] == rank_1.pid
+    finally:
+        kill_tree(rank_1.pid)
+        rank_1.wait()
