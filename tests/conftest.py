@@ -40,6 +40,8 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", f"ignore:{known.message}:{known.category.__name__}:{known.module}")
     # `python -m pretrain ...` processes are forked from a pre-imported zygote (tests/zygote.py says how and when not)
     subprocess.Popen = zygote.ZygotePopen
+    if not config.pluginmanager.has_plugin("posaug-shared-fixture-units"):  # once: a test's pytest run loads it too
+        config.pluginmanager.register(SharedFixtureUnits(), "posaug-shared-fixture-units")
     if os.environ.get(megatron_record.RECORD_ENV):  # the pinned phase notes which tests use Megatron-Core
         megatron_record.install_site_hook()
         megatron_record.install()
@@ -133,20 +135,27 @@ def pytest_runtest_protocol(item, nextitem):
         os.environ.pop(megatron_record.UNIT_ENV, None)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    """A shared fixture's setup counts for every test that uses it (megatron_record), not only the first."""
-    if fixturedef.scope == "function":
-        return (yield)
-    running = os.environ.get(megatron_record.UNIT_ENV)
-    os.environ[megatron_record.UNIT_ENV] = f"fixture:{fixturedef.argname}"
-    try:
-        return (yield)
-    finally:
-        if running is None:
-            os.environ.pop(megatron_record.UNIT_ENV, None)
-        else:
-            os.environ[megatron_record.UNIT_ENV] = running
+class SharedFixtureUnits:
+    """A shared fixture's setup counts for every test that uses it (megatron_record), not only the first.
+
+    A plugin registered in pytest_configure, not a hook of this conftest: pytest calls a conftest's fixture-setup hook
+    only for fixtures whose node lies under the conftest's folder, and a session-scoped fixture's node is the session,
+    at the rootdir above tests/, so megatron_world's setup was recorded as the first test using it (on each worker: the
+    newest phase then selected 501 or 574 tests from one run to the next, and missed the other users)."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        if fixturedef.scope == "function":
+            return (yield)
+        running = os.environ.get(megatron_record.UNIT_ENV)
+        os.environ[megatron_record.UNIT_ENV] = f"fixture:{fixturedef.argname}"
+        try:
+            return (yield)
+        finally:
+            if running is None:
+                os.environ.pop(megatron_record.UNIT_ENV, None)
+            else:
+                os.environ[megatron_record.UNIT_ENV] = running
 
 
 def _newest_megatron_selection(config, items) -> None:

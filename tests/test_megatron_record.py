@@ -155,6 +155,17 @@ def test_a_module_importing_megatron_directly_or_through_our_module_is_recorded_
     assert {"test_imports_megatron_at_module_level.py", "test_reaches_megatron_through_our_module.py"} <= units
 
 
+@pytest.fixture(scope="session")
+def unit_seen_by_a_session_fixture():
+    """The unit a session-scoped fixture's setup is recorded under, in this very suite (its real conftest layout:
+    the recorded runs above load tests/conftest.py as a plugin, where its hooks apply everywhere)."""
+    return os.environ.get(megatron_record.UNIT_ENV)
+
+
+def test_a_session_scoped_fixtures_setup_is_recorded_as_its_own_unit_in_the_suite(unit_seen_by_a_session_fixture):
+    assert unit_seen_by_a_session_fixture == "fixture:unit_seen_by_a_session_fixture"
+
+
 def test_every_user_of_a_shared_fixture_whose_setup_imports_megatron_is_selected(record):
     units = megatron_record.recorded_units(record[0])
     module = "test_shares_a_fixture_that_imports_megatron.py"
