@@ -1,4 +1,4 @@
-"""tests/protections.py's table against the tree: every entry's break still applies (its find string occurs exactly
+"""tests/protections_table.py against the tree: every entry's break still applies (its find string occurs exactly
 once in the file it names) and every test it names exists, so a refactor that moves a protection fails here, naming
 the entry, rather than at the table's next run (STALE) or, worse, in a break that no longer breaks anything."""
 

@@ -50,8 +50,9 @@ def probe(tmp_path, monkeypatch):
     (tmp_path / "probe.py").write_text(PROBE)
     monkeypatch.setattr(zygote, "ZYGOTE_MODULES", ("pretrain", "probe"))
 
-    def run(*args: str, forked: bool, stdin: str = "", **popen):
-        env = dict(ENV, PROBE_VALUE="42", PROBE_PARENT=str(os.getpid()), POSAUG_ZYGOTE="1" if forked else "0")
+    def run(*args: str, forked: bool, stdin: str = "", extra_env: dict | None = None, **popen):
+        env = dict(ENV, PROBE_VALUE="42", PROBE_PARENT=str(os.getpid()), POSAUG_ZYGOTE="1" if forked else "0",
+                   **(extra_env or {}))
         proc = zygote.ZygotePopen([sys.executable, "-m", "probe", *args], cwd=tmp_path, env=env, text=True,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
         out, err = proc.communicate(stdin, timeout=120)
@@ -80,6 +81,12 @@ def test_cwd_environment_argv_signals_session_and_stdin_are_a_fresh_processes(pr
     forked = probe("state", forked=True, stdin="from stdin", start_new_session=True)
     assert forked == probe("state", forked=False, stdin="from stdin", start_new_session=True)
     assert forked[1].splitlines()[2] == "True True"  # its own session, and the test's child
+
+
+def test_a_forked_process_starts_as_the_tests_child_however_long_its_helper_takes_to_exit(probe):
+    # the helper forks the process and exits; the process must not run its module before it is re-parented
+    lingering = probe("state", forked=True, extra_env={"POSAUG_ZYGOTE_HELPER_LINGER": "0.5"})
+    assert lingering[1].splitlines()[2].endswith(" True"), lingering
 
 
 def test_the_forked_process_is_the_tests_child_and_dies_of_the_signal_sent_to_its_group(probe, tmp_path):

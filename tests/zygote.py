@@ -334,6 +334,8 @@ def _serve(listener: socket.socket) -> tuple[dict, list[int]]:
             conn.close()
             return request, fds
         conn.sendall(str(pid).encode())
+        # a helper slow to exit, on demand: the process must still start as the test's child (tests/test_zygote.py)
+        time.sleep(float(request["env"].get("POSAUG_ZYGOTE_HELPER_LINGER", "0")))
         os._exit(0)
 
 

@@ -30,6 +30,11 @@ def test_a_layer_frequency_above_the_layer_count_is_refused_at_check_in_one_line
     assert "set it to at most 4" in line and "or null" in line, line
 
 
+def test_a_layer_frequency_equal_to_the_layer_count_is_accepted_at_check():
+    proc = check("model.no_rope_freq=4", "model.window_size=8", "model.window_attn_skip_freq=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("window, noted", [(1_000_000, True), (31, True), (30, False)])
 def test_a_sliding_window_holding_a_whole_training_sequence_is_noted_at_check(window, noted):
     proc = check(f"model.window_size={window}", "model.window_attn_skip_freq=2")
