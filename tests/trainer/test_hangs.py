@@ -253,7 +253,8 @@ def test_a_rank_stuck_in_start_up_is_reported_after_the_distributed_timeout(tmp_
         if proc.poll() is None:
             proc.kill()
     # stopped before or after its first heartbeat, rank 1 is SIGKILLed by the reporter, not 30 s later by torchrun
-    assert ended <= 60 + MARGIN_S, err[-3000:]
+    # (that path ends at >= 60 + 30 + the report); the report took up to 19 s on a loaded CI host, hence + 10
+    assert ended <= 60 + MARGIN_S + 10, err[-3000:]
     assert "kill:" not in (tmp_path / "run" / "hang" / "report.txt").read_text()
     line = next(line for line in err.splitlines() if line.startswith("error: hang:"))
     assert ("no progress for 60 s (parallel.distributed_timeout_minutes) in start-up after step 0: rank 1 on "
