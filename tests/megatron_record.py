@@ -38,6 +38,7 @@ import importlib
 import os
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,7 +150,9 @@ def record(reason: str) -> None:
     for path in paths:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, f"{unit}\t{reason}\n".encode())
+            # where it ran, a third column: a few Megatron-free tests are recorded in one run and not the next
+            # (docs/testing.md), and the pid and thread say by what
+            os.write(fd, f"{unit}\t{reason}\tpid {os.getpid()} thread {threading.current_thread().name}\n".encode())
         finally:
             os.close(fd)
 
