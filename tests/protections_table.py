@@ -220,7 +220,7 @@ TABLE: tuple[Protection, ...] = (
       (HANG_DIAGNOSIS + "test_the_same_rank_of_another_job_on_the_host_is_not_found",)),
     P("hang-find-rank-parent", "hang report: the rank found is the process whose children inherited its launch "
       "environment", "the parent check removed, the match order reversed", "pretrain/trainer/hang_exit.py",
-      "    for pid, began in found.items():\n        if _parent(pid) not in found and began is not None:",
+      "    for pid, began in found.items():\n        if _stat_field(pid, 4) not in found and began is not None:",
       "    for pid, began in reversed(found.items()):\n        if began is not None:",
       (HANG_DIAGNOSIS + "test_the_rank_found_is_the_process_whose_children_inherited_its_launch_environment",)),
     P("hang-find-rank-used", "hang report: a rank stopped before its first heartbeat is killed by the reporter",

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 import megatron_record
-from pretrain.trainer.hang_exit import start_time
+from pretrain.trainer.hang_exit import launch_environment, start_time
 
 ZYGOTE_MODULES = ("pretrain", "torch.distributed.run")
 # Scripts forked like modules: the programs the suite's torchrun launches run as ranks.
@@ -198,8 +198,10 @@ def environ_of(pid: int) -> dict[str, str]:
     published = Path(ENVIRON_DIR, f"{pid}-{start_time(pid)}.json")  # a pid is reused, this pair is not
     if published.exists():
         return json.loads(published.read_text())
-    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(os.fsdecode(entry).split("=", 1) for entry in entries if b"=" in entry)
+    found = launch_environment(pid)
+    if found is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return found
 
 
 class ZygotePopen(subprocess.Popen):

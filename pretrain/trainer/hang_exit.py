@@ -4,8 +4,8 @@ A heartbeat's pid may be stale by the time the report is written (the rank died 
 rank is named by (host, pid, start time) and killed only while /proc still shows that start time. A rank stopped
 before its first heartbeat is found by its launch environment instead (`find_rank`): torchrun and srun
 (slurm/rank_env.sh) start every rank with RANK and the job's MASTER_ADDR / MASTER_PORT, which tell one job's
-rank N from another job's on a shared node. Without that, torchrun's SIGTERM could not end it (stopped) and the
-job waited another 30 s for its SIGKILL (the CI run of dd34168: 108.8 s for a 60 s timeout).
+rank N from another job's on a shared node. Without that, torchrun's SIGTERM cannot end it (stopped) and the job
+waits another 30 s for torchrun's SIGKILL.
 """
 
 from __future__ import annotations
@@ -19,15 +19,19 @@ from pathlib import Path
 HANG_EXIT_CODE = 76  # not 1 (a crash), 2 (bad input) or 75 (saved on a signal, requeue); slurm/common.sh reads it
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), or None if it is gone."""
+def _stat_field(pid: int, field: int) -> int | None:
+    """Field `field` (1-based, as proc(5) numbers them, 3 or later) of /proc/<pid>/stat, or None if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # the command name (field 2) may hold spaces and parentheses: the fields that follow start after the last ')'
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[22 - 3])
+    return int(stat[stat.rindex(")") + 2:].split()[field - 3])
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), or None if it is gone."""
+    return _stat_field(pid, 22)
 
 
 def identity() -> dict:
@@ -63,17 +67,9 @@ def find_rank(rank: int) -> dict | None:
         if env and env.get("RANK") == str(rank) and all(env.get(key) == job[key] for key in LAUNCH_KEYS):
             found[pid] = began
     for pid, began in found.items():
-        if _parent(pid) not in found and began is not None:
+        if _stat_field(pid, 4) not in found and began is not None:  # field 4: the parent's pid
             return {"host": socket.gethostname(), "pid": pid, "start_time": began}
     return None
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def kill_rank(record: dict) -> str | None:

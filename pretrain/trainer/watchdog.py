@@ -289,11 +289,11 @@ class Watchdog:
         tmp.write_text(f"{line}\nranks: {' '.join(map(str, named))}\nhosts: {' '.join(hosts)}\n")
         os.replace(tmp, self.hang_dir / REPORT)
         print(f"error: {line}", file=sys.stderr, flush=True)
-        for rank in stopped:  # a stopped process ignores SIGTERM until continued; the job must end now
+        for rank in (r for r in stopped if r != self.rank):  # a stopped process ignores SIGTERM: end it now
             record = self.beats.records.get(rank)
-            if rank != self.rank and not (record or {}).get("pid"):  # stopped before its first heartbeat
+            if not (record or {}).get("pid"):  # stopped before its first heartbeat
                 record = find_rank(rank)
-            if record and record.get("host") == self.host and rank != self.rank:
+            if record and record.get("host") == self.host:
                 refused = kill_rank(record)
                 if refused:
                     note = f"rank {rank} (pid {record.get('pid')} on {self.host}) {refused}"
